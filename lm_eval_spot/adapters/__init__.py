@@ -1,0 +1,1 @@
+"""Target adapters: one small interface (`base.TargetAdapter`) per target family."""

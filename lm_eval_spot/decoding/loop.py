@@ -1,0 +1,154 @@
+"""The block-decoding loop shared by draft-free (control) and speculative decoding.
+
+Each round runs ONE target forward over the root state plus any drafted states, accepts the drafted path that
+matches the target's own transitions, and applies one more transition from the deepest accepted node. With no
+proposer this is exactly the draft-free decoder: one commit per forward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from lm_eval_spot.adapters.base import NFECounter, TargetAdapter
+from lm_eval_spot.decoding.noise import gumbel_rows
+from lm_eval_spot.decoding.proposer import Proposer, RoundContext
+from lm_eval_spot.decoding.transition import transition
+from lm_eval_spot.decoding.tree import DraftTree, accepted_path, compile_states
+
+# ids generated so far -> how many of them to keep if they contain a stop string, else None.
+StopCheck = Callable[[list[int]], "int | None"]
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_gen_toks: int
+    temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_gen_toks <= 0:
+            raise ValueError(f"max_gen_toks must be a positive integer, got {self.max_gen_toks}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+class RoundObserver(Protocol):
+    """Sees every commit with the target logits it was decided from (for analysis and drafter data)."""
+
+    def on_commit(
+        self, block: int, state: torch.Tensor, logits: torch.Tensor, pos: int, tok: int, fresh: bool
+    ) -> None: ...
+
+
+@dataclass
+class DecodeResult:
+    token_ids: list[int]  # generated ids, cut before the first stop id / after the token completing a stop string
+    stop_reason: str  # "eos" | "until" | "length"
+    nfe: NFECounter
+    committed: int  # tokens committed by the decoder (may exceed len(token_ids) past a stop)
+    rounds: int
+    drafted: list[int] = field(default_factory=list)  # per round: drafted states verified
+    accepted: list[int] = field(default_factory=list)  # per round: drafted edges accepted
+    wall_s: float = 0.0
+
+
+def _first_stop(ids: list[int], stop_ids: frozenset[int]) -> int | None:
+    return next((i for i, t in enumerate(ids) if t in stop_ids), None)
+
+
+def decode(
+    adapter: TargetAdapter,
+    prompt_ids: list[int],
+    cfg: DecodeConfig,
+    seed: int,
+    stop_check: StopCheck | None = None,
+    proposer: Proposer | None = None,
+    observer: RoundObserver | None = None,
+) -> DecodeResult:
+    """Decode one request. Deterministic given (prompt, cfg, seed): noise rows come from `seed` alone."""
+    t0 = time.perf_counter()
+    info = adapter.info
+    L, mask_id = info.block_len, info.mask_id
+    session, tail = adapter.open(prompt_ids)
+    gen_start = len(prompt_ids)
+    gen_end = gen_start + cfg.max_gen_toks
+    slots = torch.arange(L)
+    done_ids: list[int] = []  # generated ids of finished blocks
+    committed = rounds = 0
+    drafted: list[int] = []
+    accepted: list[int] = []
+    block = 0
+    checked_len = 0
+    while True:
+        abs_pos = session.block_start + slots
+        window = (abs_pos >= gen_start) & (abs_pos < gen_end)
+        state = torch.full((L,), mask_id, dtype=torch.long)
+        if block == 0 and tail:
+            state[: len(tail)] = torch.tensor(tail, dtype=torch.long)
+        committed_before = state != mask_id
+        gumbel = gumbel_rows(seed, block, L, info.vocab_size) if cfg.temperature > 0 else None
+        stale: torch.Tensor | None = None
+        while True:
+            eligible = (state == mask_id) & window
+            if not bool(eligible.any()):
+                break
+            tree = DraftTree.empty()
+            if proposer is not None and stale is not None:
+                tree = proposer.propose(
+                    RoundContext(state, eligible, committed_before, stale, cfg.temperature, gumbel, mask_id)
+                )
+            states = compile_states(state, tree)
+            logits = session.block_logits(states)
+            # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
+            logits[..., mask_id] = float("-inf")
+            tpos, ttok = transition(logits, (states == mask_id) & window, cfg.temperature, gumbel)
+            path = accepted_path(tree, tpos, ttok)
+            nodes = [0, *path]
+            if observer is not None:
+                for k, n in enumerate(nodes):
+                    if int(tpos[n]) >= 0:
+                        observer.on_commit(block, states[n], logits[n], int(tpos[n]), int(ttok[n]), k == 0)
+            last = nodes[-1]
+            state = states[last].clone()
+            if int(tpos[last]) >= 0:
+                state[int(tpos[last])] = int(ttok[last])
+                committed += 1
+            committed += len(path)
+            rounds += 1
+            drafted.append(tree.size)
+            accepted.append(len(path))
+            stale = logits[last]
+            # Stops are read from the contiguous committed prefix: it is final, whatever the commit order.
+            gen_slots = state[window]
+            first_mask = int((gen_slots == mask_id).nonzero()[0]) if bool((gen_slots == mask_id).any()) else None
+            prefix = done_ids + gen_slots[:first_mask].tolist()
+            if len(prefix) > checked_len:
+                checked_len = len(prefix)
+                cut = _first_stop(prefix, info.stop_ids)
+                if cut is not None:
+                    return _result(prefix[:cut], "eos", session.nfe, committed, rounds, drafted, accepted, t0)
+                keep = stop_check(prefix) if stop_check is not None else None
+                if keep is not None:
+                    return _result(prefix[:keep], "until", session.nfe, committed, rounds, drafted, accepted, t0)
+                if len(prefix) >= cfg.max_gen_toks:
+                    return _result(prefix, "length", session.nfe, committed, rounds, drafted, accepted, t0)
+        done_ids.extend(state[window].tolist())
+        session.commit_block(state)
+        block += 1
+
+
+def _result(
+    ids: list[int],
+    reason: str,
+    nfe: NFECounter,
+    committed: int,
+    rounds: int,
+    drafted: list[int],
+    accepted: list[int],
+    t0: float,
+) -> DecodeResult:
+    return DecodeResult(ids, reason, nfe, committed, rounds, drafted, accepted, time.perf_counter() - t0)

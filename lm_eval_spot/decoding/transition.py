@@ -1,0 +1,51 @@
+"""The target's transition f(s): one commit per forward, as the draft-free decoder defines it.
+
+Position: the eligible masked slot with the highest clean confidence max_v softmax(l[i])_v, lowest index on
+ties. Token: argmax at T=0, Gumbel-max argmax(l/T + G) at T>0 with the block's shared noise rows. The
+position never depends on the noise, so f is a deterministic function of the state given the noise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def clean_confidence(logits: torch.Tensor) -> torch.Tensor:
+    """max_v softmax(logits)_v over the last dim: [..., L, V] -> [..., L] (float32)."""
+    return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+
+
+def select_positions(logits: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """Next commit position per state. logits [R, L, V], eligible [R, L] bool (each row has a True) -> [R].
+
+    torch.argmax returns the first maximal index, which is the lowest-index tie-break the definition asks for.
+    """
+    conf = clean_confidence(logits).masked_fill(~eligible, -1.0)
+    return conf.argmax(dim=-1)
+
+
+def select_tokens(
+    logits_at: torch.Tensor, positions: torch.Tensor, temperature: float, gumbel: torch.Tensor | None
+) -> torch.Tensor:
+    """Token per state at its chosen position. logits_at [R, V] (logits of the chosen slot), positions [R]."""
+    if temperature <= 0.0:
+        return logits_at.float().argmax(dim=-1)
+    if gumbel is None:
+        raise ValueError("temperature > 0 needs the block's Gumbel rows")
+    return (logits_at.float() / temperature + gumbel[positions]).argmax(dim=-1)
+
+
+def transition(
+    logits: torch.Tensor, eligible: torch.Tensor, temperature: float, gumbel: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """f(s) for R states at once. logits [R, L, V], eligible [R, L] -> (positions [R], tokens [R]).
+
+    Rows with no eligible slot get position -1 and token -1 (nothing to commit).
+    """
+    has = eligible.any(dim=-1)
+    safe = eligible | ~has[:, None]  # keep argmax defined on finished rows
+    pos = select_positions(logits, safe)
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    tok = select_tokens(logits[rows, pos], pos, temperature, gumbel)
+    minus = torch.full_like(pos, -1)
+    return torch.where(has, pos, minus), torch.where(has, tok, minus)

@@ -1,0 +1,80 @@
+"""Draft trees as data, their compilation into replica states, and state-equality verification.
+
+Node 0 is the root (the current block state); drafted nodes are 1..D, each one commit (pos, tok) applied to
+its parent's state. Parents precede children, so one pass in index order builds every state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """D drafted states. All tuples have length D; entry j describes node j + 1."""
+
+    parent: tuple[int, ...]  # node index of the parent (0 = root), always < j + 1
+    pos: tuple[int, ...]  # slot committed on the edge parent -> node
+    tok: tuple[int, ...]  # token committed there
+
+    def __post_init__(self) -> None:
+        if not (len(self.parent) == len(self.pos) == len(self.tok)):
+            raise ValueError("DraftTree fields must have equal length")
+        for j, p in enumerate(self.parent):
+            if not 0 <= p <= j:
+                raise ValueError(f"node {j + 1} has parent {p}: parents must precede children")
+
+    @property
+    def size(self) -> int:
+        return len(self.parent)
+
+    @staticmethod
+    def empty() -> DraftTree:
+        return DraftTree((), (), ())
+
+    def depth(self, node: int) -> int:
+        d = 0
+        while node != 0:
+            node = self.parent[node - 1]
+            d += 1
+        return d
+
+
+def compile_states(root: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    """Replica states [1 + D, L]: row 0 the root, row n node n's hypothetical state."""
+    states = root.unsqueeze(0).repeat(1 + tree.size, 1)
+    if tree.size:
+        parent = torch.tensor(tree.parent, dtype=torch.long)
+        pos = torch.tensor(tree.pos, dtype=torch.long)
+        tok = torch.tensor(tree.tok, dtype=states.dtype)
+        for j in range(tree.size):
+            states[j + 1] = states[parent[j]]
+            states[j + 1, pos[j]] = tok[j]
+    return states
+
+
+def accepted_path(tree: DraftTree, target_pos: torch.Tensor, target_tok: torch.Tensor) -> list[int]:
+    """Walk from the root along edges that equal the target's own transition (state equality).
+
+    target_pos/target_tok [1 + D]: f(node) for every node, computed in the verification forward. Returns the
+    accepted drafted nodes in order (empty if the first step is rejected). Any drafter gives the same final
+    state as draft-free decoding, because every accepted edge IS the target's transition.
+    """
+    tp = target_pos.tolist()
+    tt = target_tok.tolist()
+    children: dict[int, list[int]] = {}
+    for j, p in enumerate(tree.parent):
+        children.setdefault(p, []).append(j + 1)
+    path: list[int] = []
+    node = 0
+    while True:
+        nxt = next(
+            (c for c in children.get(node, ()) if tree.pos[c - 1] == tp[node] and tree.tok[c - 1] == tt[node]),
+            None,
+        )
+        if nxt is None:
+            return path
+        path.append(nxt)
+        node = nxt

@@ -1,0 +1,92 @@
+"""Per-sample counters and the run-level summary that lands in the results' config under `spot`.
+
+Formulas (method.md): NFE = target forwards (a batched verification forward is one; prefill and block stores
+count too); tokens per forward = committed tokens / NFE; throughput = generated tokens / wall seconds, prompt
+tokens never counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import mean, median
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SampleStats:
+    nfe: int
+    gen_tokens: int  # ids returned to lm-eval (after the stop cut)
+    committed: int  # ids the decoder committed (can exceed gen_tokens past a stop)
+    rounds: int
+    accepted_per_round: float  # mean drafted edges accepted per round (0 for control)
+    wall_s: float
+    stop_reason: str
+
+
+@dataclass
+class RunStats:
+    mode: str
+    temperature: float | None = None
+    samples: list[SampleStats] = field(default_factory=list)
+
+    def add(self, s: SampleStats, temperature: float) -> None:
+        self.samples.append(s)
+        # A run mixing temperatures reports "mixed": the ratios below are only meaningful per temperature.
+        if self.temperature is None or self.temperature == temperature:
+            self.temperature = temperature
+        else:
+            self.temperature = float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.samples)
+        nfe = sum(s.nfe for s in self.samples)
+        gen = sum(s.gen_tokens for s in self.samples)
+        com = sum(s.committed for s in self.samples)
+        wall = sum(s.wall_s for s in self.samples)
+        rounds = sum(s.rounds for s in self.samples)
+        return {
+            "mode": self.mode,
+            "samples": n,
+            "temperature": self.temperature,
+            "nfe_total": nfe,
+            "nfe_per_sample": nfe / n if n else 0.0,
+            "nfe_median": median(s.nfe for s in self.samples) if n else 0.0,
+            "gen_tokens_total": gen,
+            "gen_tokens_per_sample": gen / n if n else 0.0,
+            "committed_tokens_total": com,
+            "tokens_per_forward": com / nfe if nfe else 0.0,
+            "rounds_total": rounds,
+            "mean_accepted_per_round": (
+                mean(s.accepted_per_round for s in self.samples) if n else 0.0
+            ),
+            "wall_s": wall,
+            "gen_tokens_per_s": gen / wall if wall > 0 else 0.0,
+            "stop_reasons": {r: sum(s.stop_reason == r for s in self.samples) for r in ("eos", "until", "length")},
+        }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A short Markdown table for the end of a run."""
+    rows = [
+        ("mode", summary["mode"]),
+        ("samples", summary["samples"]),
+        ("temperature", summary["temperature"]),
+        ("NFE / sample", f"{summary['nfe_per_sample']:.2f}"),
+        ("generated tokens / sample", f"{summary['gen_tokens_per_sample']:.2f}"),
+        ("tokens / forward", f"{summary['tokens_per_forward']:.3f}"),
+        ("accepted / round", f"{summary['mean_accepted_per_round']:.3f}"),
+        ("generated tokens / s", f"{summary['gen_tokens_per_s']:.1f}"),
+        ("wall s", f"{summary['wall_s']:.1f}"),
+    ]
+    for key, label in (
+        ("control_nfe_per_sample", "control NFE / sample"),
+        ("nfe_reduction", "NFE reduction vs control"),
+        ("throughput_ratio", "throughput ratio vs control"),
+        ("exact_match_to_control", "exact match to control"),
+    ):
+        if key in summary:
+            rows.append((label, f"{summary[key]:.3f}" if isinstance(summary[key], float) else summary[key]))
+    width = max(len(k) for k, _ in rows)
+    lines = ["| spot-dlm | value |", f"|{'-' * (width + 2)}|-------|"]
+    lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""Registration of `spot-dlm` and of the plugin's tasks with lm-eval (called by the start-up hook or by hand)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "spot-dlm"
+MODEL_TARGET = "lm_eval_spot.lm:SpotDLM"
+
+
+def tasks_dir() -> Path:
+    """The plugin's task folder: inside the installed package, or the repo's `tasks/` in a source checkout."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "tasks", here.parent / "tasks"):
+        if cand.is_dir():
+            return cand
+    return here / "tasks"
+
+
+def register_model() -> None:
+    """Register `spot-dlm` lazily, after the built-ins (get_model fills them only into an EMPTY registry)."""
+    import lm_eval.models  # noqa: F401  (registers the built-in table)
+    from lm_eval.api.registry import model_registry
+
+    if MODEL_NAME not in model_registry:
+        model_registry.register(MODEL_NAME, target=MODEL_TARGET)
+
+
+def _with_plugin_tasks(include_path):
+    ours = str(tasks_dir())
+    if include_path is None:
+        return [ours]
+    paths = list(include_path) if isinstance(include_path, (list, tuple)) else [include_path]
+    # Ours first: lm-eval lets later paths override earlier ones, so a user's --include_path still wins.
+    return [ours] + [p for p in paths if str(p) != ours]
+
+
+def patch_task_manager(manager_module: ModuleType) -> None:
+    cls = manager_module.TaskManager
+    if getattr(cls.__init__, "_spot_patched", False):
+        return
+    original = cls.__init__
+
+    def __init__(self, verbosity=None, include_path=None, *args, **kwargs):
+        original(self, verbosity, _with_plugin_tasks(include_path), *args, **kwargs)
+
+    __init__._spot_patched = True  # type: ignore[attr-defined]
+    __init__.__doc__ = original.__doc__
+    cls.__init__ = __init__
+
+
+def on_import(name: str, module: ModuleType) -> None:
+    if name == "lm_eval.api.registry":
+        register_model()
+    elif name == "lm_eval.tasks.manager":
+        patch_task_manager(module)

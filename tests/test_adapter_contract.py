@@ -1,0 +1,96 @@
+"""The target adapter contract on a tiny random Qwen3 block-causal model (no download)."""
+
+from __future__ import annotations
+
+import torch
+
+from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
+from lm_eval_spot.masks import block_causal_mask
+
+from tiny import build_model
+
+L = 8
+V = 60
+MASK = 2
+
+
+def make_adapter(seed: int = 0) -> BlockCausalAdapter:
+    model = build_model(V, seed=seed, block_length=L)
+    info = TargetInfo(MASK, frozenset({1}), 1, L, "zero", True, V)
+    return BlockCausalAdapter(model, info)
+
+
+def full_logits(adapter: BlockCausalAdapter, ids: list[int]) -> torch.Tensor:
+    """Reference: the whole sequence recomputed with the block-causal mask and no cache."""
+    pos = torch.arange(len(ids))
+    mask = block_causal_mask(pos, pos, L, torch.float32)
+    with torch.no_grad():
+        out = adapter.model(input_ids=torch.tensor([ids]), attention_mask=mask, position_ids=pos[None])
+    return out.logits[0]
+
+
+def random_state(gen: torch.Generator, n_masked: int) -> torch.Tensor:
+    state = torch.randint(5, V, (L,), generator=gen)
+    state[torch.randperm(L, generator=gen)[:n_masked]] = MASK
+    return state
+
+
+def test_cached_logits_equal_full_recomputation():
+    adapter = make_adapter()
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(5, V, (2 * L + 3,), generator=gen).tolist()
+    session, tail = adapter.open(prompt)
+    assert tail == prompt[2 * L :] and session.block_start == 2 * L
+    block = torch.cat([torch.tensor(tail), torch.full((L - 3,), MASK)])
+    got = session.block_logits(block[None])[0]
+    ref = full_logits(adapter, prompt[: 2 * L] + block.tolist())[2 * L :]
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
+    # After committing a block the next block still matches a full recomputation.
+    finished = random_state(gen, 0)
+    session.commit_block(finished)
+    nxt = random_state(gen, 5)
+    got2 = session.block_logits(nxt[None])[0]
+    ref2 = full_logits(adapter, prompt[: 2 * L] + finished.tolist() + nxt.tolist())[3 * L :]
+    torch.testing.assert_close(got2, ref2, rtol=0, atol=1e-4)
+    assert session.nfe.prefill == 1 and session.nfe.rounds == 2 and session.nfe.store == 1
+    assert session.nfe.total == 4
+
+
+def test_replica_logits_equal_each_state_alone_and_cache_unchanged():
+    adapter = make_adapter(seed=3)
+    gen = torch.Generator().manual_seed(7)
+    session, _ = adapter.open(torch.randint(5, V, (3 * L,), generator=gen).tolist())
+    before = [(k.clone(), v.clone()) for k, v in session.prefix_kv]
+    states = torch.stack([random_state(gen, n) for n in (8, 5, 3, 1, 0)])
+    batched = session.block_logits(states)
+    assert batched.shape == (5, L, V)
+    for r in range(states.shape[0]):
+        alone = session.block_logits(states[r : r + 1])[0]
+        torch.testing.assert_close(batched[r], alone, rtol=0, atol=1e-4)
+    after = session.prefix_kv
+    assert len(after) == len(before)
+    for (k0, v0), (k1, v1) in zip(before, after, strict=True):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    assert session.block_start == 3 * L
+    assert session.nfe.rounds == 1 + states.shape[0]
+
+
+def test_replica_states_really_differ():
+    """Guards the test above: distinct states must give distinct logits (the mask isolates replicas)."""
+    adapter = make_adapter(seed=5)
+    session, _ = adapter.open(list(range(5, 5 + L)))
+    a = torch.full((L,), MASK)
+    b = a.clone()
+    b[0] = 9
+    out = session.block_logits(torch.stack([a, b]))
+    assert not torch.allclose(out[0, 1:], out[1, 1:])
+    torch.testing.assert_close(out[0], session.block_logits(a[None])[0], rtol=0, atol=1e-4)
+
+
+def test_empty_prompt_opens_without_prefill():
+    adapter = make_adapter()
+    session, tail = adapter.open([])
+    assert tail == [] and session.block_start == 0 and session.nfe.total == 0
+    out = session.block_logits(torch.full((1, L), MASK))
+    assert out.shape == (1, L, V) and torch.isfinite(out).all()

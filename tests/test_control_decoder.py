@@ -1,0 +1,177 @@
+"""The draft-free (control) decoder: exact definition, stops, determinism and the T>0 sampler's law."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
+from lm_eval_spot.decoding.loop import DecodeConfig, decode
+from lm_eval_spot.decoding.transition import transition
+from lm_eval_spot.masks import block_causal_mask
+from lm_eval_spot.stopping import make_stop_check
+
+from fakes import ScriptedAdapter
+from tiny import build_model
+
+V, MASK, EOS = 40, 2, 1
+
+
+def tiny_adapter(L: int = 8, seed: int = 0) -> BlockCausalAdapter:
+    return BlockCausalAdapter(build_model(V, seed=seed, block_length=L),
+                              TargetInfo(MASK, frozenset({EOS}), EOS, L, "zero", True, V))
+
+
+def reference_decode(adapter: BlockCausalAdapter, prompt: list[int], max_toks: int, T: float, seed: int):
+    """Naive control: recompute the WHOLE sequence every step (no cache), one commit per forward."""
+    from lm_eval_spot.decoding.noise import gumbel_rows
+
+    L = adapter.info.block_len
+    seq = list(prompt)
+    gen_start, out = len(prompt), []
+    block = 0
+    while True:
+        start = len(seq) // L * L
+        cur = seq[start:] + [MASK] * (L - (len(seq) - start))
+        g = gumbel_rows(seed, block, L, V) if T > 0 else None
+        while True:
+            window = torch.tensor([gen_start <= start + i < gen_start + max_toks for i in range(L)])
+            state = torch.tensor(cur)
+            elig = (state == MASK) & window
+            if not elig.any():
+                break
+            ids = torch.tensor(seq[:start] + cur)
+            pos = torch.arange(len(ids))
+            with torch.no_grad():
+                logits = adapter.model(input_ids=ids[None], attention_mask=block_causal_mask(pos, pos, L, torch.float32),
+                                       position_ids=pos[None]).logits[0, start:]
+            logits[:, MASK] = float("-inf")
+            p, t = transition(logits[None], elig[None], T, g)
+            cur[int(p)] = int(t)
+        gen = [c for i, c in enumerate(cur) if gen_start <= start + i < gen_start + max_toks]
+        out += gen
+        if EOS in out:
+            return out[: out.index(EOS)]
+        if len(out) >= max_toks:
+            return out[:max_toks]
+        seq = seq[:start] + cur
+        block += 1
+
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+@pytest.mark.parametrize("prompt_len,L", [(5, 8), (16, 8), (0, 8), (11, 4)])
+def test_control_equals_naive_full_recompute(prompt_len, L, T):
+    adapter = tiny_adapter(L, seed=prompt_len)
+    prompt = torch.randint(5, V, (prompt_len,), generator=torch.Generator().manual_seed(3)).tolist()
+    res = decode(adapter, prompt, DecodeConfig(max_gen_toks=21, temperature=T), seed=11)
+    assert res.token_ids == reference_decode(adapter, prompt, 21, T, seed=11)
+    assert res.committed == res.rounds  # one commit per forward
+    assert res.nfe.rounds == res.rounds
+
+
+def test_same_seed_same_output_and_seed_matters():
+    adapter = tiny_adapter()
+    prompt = list(range(5, 14))
+    cfg = DecodeConfig(max_gen_toks=24, temperature=1.0)
+    a = decode(adapter, prompt, cfg, seed=5).token_ids
+    assert a == decode(adapter, prompt, cfg, seed=5).token_ids
+    assert any(decode(adapter, prompt, cfg, seed=s).token_ids != a for s in range(6, 10))
+
+
+def test_commit_order_is_by_confidence_not_left_to_right():
+    script = {p: 10 + p % 20 for p in range(64)}
+    adapter = ScriptedAdapter(script, vocab=V, block_len=8)
+    order: list[int] = []
+
+    class Obs:
+        def on_commit(self, block, state, logits, pos, tok, fresh):
+            order.append(pos)
+
+    res = decode(adapter, [5, 6, 7], DecodeConfig(max_gen_toks=13), seed=0, observer=Obs())
+    assert res.token_ids == [script[p] for p in range(3, 16)]
+    margins = adapter._margin
+    first_block = [p for p in order[:5]]
+    expected = sorted(range(3, 8), key=lambda s: (-float(torch.softmax(adapter.logits_at(0, 8)[s], -1).max()), s))
+    assert first_block == expected
+    assert first_block != sorted(first_block)
+    assert res.stop_reason == "length" and len(res.token_ids) == 13
+    assert res.nfe.prefill == 0 and res.nfe.rounds == 13 and res.nfe.store == 1  # 2nd block ends at the limit
+
+
+def test_eos_stops_and_is_cut():
+    script = {p: 10 + p for p in range(64)}
+    script[12] = EOS
+    adapter = ScriptedAdapter(script, vocab=V, block_len=8)
+    res = decode(adapter, [5, 6, 7], DecodeConfig(max_gen_toks=50), seed=0)
+    assert res.token_ids == [10 + p for p in range(3, 12)]
+    assert res.stop_reason == "eos"
+
+
+def test_until_string_spanning_two_blocks():
+    # Tokens are characters 'a'.. ; the stop string "hi" straddles the block boundary at absolute position 8.
+    chars = {i: chr(ord("a") + i - 10) for i in range(10, 36)}
+    script = {p: 10 + p for p in range(26)}
+    adapter = ScriptedAdapter(script, vocab=V, block_len=8)
+
+    def detok(ids):
+        return "".join(chars.get(i, "?") for i in ids)
+
+    res = decode(adapter, [5, 6, 7], DecodeConfig(max_gen_toks=50), seed=0,
+                 stop_check=make_stop_check(detok, ["hi"]))
+    text = detok(res.token_ids)
+    assert res.stop_reason == "until"
+    assert text == "defghi"  # ids kept up to the token completing the stop string
+    assert res.nfe.store == 1  # the string was only seen after the second block began
+
+
+def test_empty_prompt_decodes_from_empty_prefix():
+    adapter = tiny_adapter()
+    res = decode(adapter, [], DecodeConfig(max_gen_toks=10), seed=0)
+    assert res.nfe.prefill == 0
+    assert 0 < len(res.token_ids) <= 10 or res.stop_reason == "eos"
+
+
+def test_bad_config_rejected():
+    with pytest.raises(ValueError, match="max_gen_toks"):
+        DecodeConfig(max_gen_toks=0)
+    with pytest.raises(ValueError, match="temperature"):
+        DecodeConfig(max_gen_toks=3, temperature=-1)
+
+
+# ---- the law of the T > 0 sampler -----------------------------------------------------------------------
+
+def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value; cells with expected count < 5 are pooled."""
+    n = counts.sum()
+    exp = probs * n
+    big = exp >= 5
+    obs_c = torch.cat([counts[big], counts[~big].sum(0, keepdim=True)]).double()
+    exp_c = torch.cat([exp[big], exp[~big].sum(0, keepdim=True)]).double()
+    keep = exp_c > 0
+    stat = ((obs_c[keep] - exp_c[keep]) ** 2 / exp_c[keep]).sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
+
+
+def sample_counts(T: float, n_seeds: int, rows: torch.Tensor, L: int = 4):
+    adapter = ScriptedAdapter(None, vocab=rows.shape[1], block_len=L, rows=rows, stop_ids=frozenset())
+    counts = torch.zeros(L, rows.shape[1])
+    for s in range(n_seeds):
+        ids = decode(adapter, [], DecodeConfig(max_gen_toks=L, temperature=T), seed=s).token_ids
+        counts[torch.arange(L), torch.tensor(ids)] += 1
+    return counts
+
+
+def test_gumbel_sampler_follows_softmax_over_T():
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(4, 12, generator=gen) * 1.5
+    rows[:, 0] = -30.0  # never sample the mask id
+    T = 1.5
+    counts = sample_counts(T, 2000, rows)
+    for i in range(4):
+        p_true = chi_square_p(counts[i], torch.softmax(rows[i] / T, -1))
+        assert p_true > 1e-4, f"slot {i}: sampler disagrees with softmax(l/T) (p={p_true:.2e})"
+    # The same test must reject a sampler whose law ignores T (softmax(l)), else it proves nothing.
+    p_wrong = min(chi_square_p(counts[i], torch.softmax(rows[i], -1)) for i in range(4))
+    assert p_wrong < 1e-6
