@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,9 +19,19 @@ from lm_eval_spot.loading import load_target
 from lm_eval_spot.metrics import RunStats, SampleStats, format_summary
 from lm_eval_spot.stopping import cut_text, make_stop_check
 
-log = logging.getLogger(__name__)
+# A child of lm-eval's logger: its CLI shows these messages (run summary, load facts) with its own.
+log = logging.getLogger("lm_eval.spot")
 
 DEFAULT_MAX_GEN_TOKS = 256
+
+
+@dataclass(frozen=True)
+class _Job:
+    context: str
+    raw_kwargs: dict[str, Any]
+    cfg: DecodeConfig
+    until: list[str]
+    seed: int
 
 
 class SpotDLM(LM):
@@ -52,12 +63,26 @@ class SpotDLM(LM):
         )
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        # Every request is validated before the first one is decoded: nothing half-done on bad input.
+        jobs = self._plan(requests)
+        out: list[str] = []
+        bar = tqdm(jobs, desc=f"spot-dlm [{self.args.mode}]", disable=disable_tqdm or self.rank != 0)
+        for job in bar:
+            text, result = self._generate_one(job.context, job.cfg, job.seed, job.until)
+            out.append(text)
+            self._record(result, job.cfg.temperature)
+            self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
+            bar.set_postfix(nfe=f"{self.stats.summary()['nfe_per_sample']:.1f}")
+        if jobs:
+            log.info("spot-dlm run summary\n%s", format_summary(self.stats.summary()))
+        return out
+
+    def _plan(self, requests: list[Any]) -> list[_Job]:
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 
         seen: Counter[str] = Counter()
-        out: list[str] = []
-        bar = tqdm(requests, desc=f"spot-dlm [{self.args.mode}]", disable=disable_tqdm or self.rank != 0)
-        for req in bar:
+        jobs: list[_Job] = []
+        for req in requests:
             context, raw_kwargs = req.args[0], req.args[1]
             kw = normalize_gen_kwargs(dict(raw_kwargs), default_max_gen_toks=DEFAULT_MAX_GEN_TOKS)
             until = handle_stop_sequences(kw.get("until"), eos=self.tokenizer.eos_token)
@@ -68,15 +93,8 @@ class SpotDLM(LM):
             cfg = DecodeConfig(max_gen_toks=max_toks, temperature=temperature)
             # Repeats of one request get distinct but reproducible seeds.
             seen[context] += 1
-            seed = mix_seed(self.base_seed, context, seen[context])
-            text, result = self._generate_one(context, cfg, seed, until)
-            out.append(text)
-            self._record(result, temperature)
-            self.cache_hook.add_partial("generate_until", (context, raw_kwargs), text)
-            bar.set_postfix(nfe=f"{self.stats.summary()['nfe_per_sample']:.1f}")
-        if requests:
-            log.info("spot-dlm run summary\n%s", format_summary(self.stats.summary()))
-        return out
+            jobs.append(_Job(context, raw_kwargs, cfg, until, mix_seed(self.base_seed, context, seen[context])))
+        return jobs
 
     # ---- pieces -----------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -12,7 +12,8 @@ from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.config import SpotArgError, SpotArgs
 
-log = logging.getLogger(__name__)
+# A child of lm-eval's logger: its CLI shows these messages (run summary, load facts) with its own.
+log = logging.getLogger("lm_eval.spot")
 
 DEFAULT_BLOCK_LEN = 32
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

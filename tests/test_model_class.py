@@ -1,0 +1,113 @@
+"""The `spot-dlm` lm-eval model class: arguments, generate_until, metrics, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+
+from lm_eval_spot.config import SpotArgError, parse_args
+from lm_eval_spot.lm import SpotDLM
+
+from tiny import save_tiny_target
+
+
+def req(context: str, **gen) -> Instance:
+    gen.setdefault("until", ["\n\n"])
+    return Instance("generate_until", {}, (context, gen), 0)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_target_dir):
+    return SpotDLM(pretrained=str(tiny_target_dir), device="cpu", batch_size="4", seed=7)
+
+
+def test_generate_until_counts_and_reports(lm):
+    reqs = [req("Hello there", max_gen_toks=12), req("", max_gen_toks=5), req("x" * 20, max_gen_toks=9)]
+    out = lm.generate_until(reqs)
+    assert len(out) == 3 and all(isinstance(o, str) for o in out)
+    info = lm.get_model_info()["spot"]
+    for key in ("mode", "samples", "nfe_total", "nfe_per_sample", "gen_tokens_total", "tokens_per_forward",
+                "wall_s", "temperature"):
+        assert key in info
+    assert info["mode"] == "control" and info["samples"] == 3 and info["temperature"] == 0.0
+    assert info["nfe_total"] == sum(s.nfe for s in lm.stats.samples) > 0
+    assert info["gen_tokens_total"] <= 12 + 5 + 9
+    # control commits one token per round, plus prefill/store forwards: tokens per forward <= 1
+    assert 0 < info["tokens_per_forward"] <= 1.0
+
+
+def test_max_gen_toks_and_prompt_tokens_not_counted(lm):
+    before = len(lm.stats.samples)
+    lm.generate_until([req("a long prompt " * 5, max_gen_toks=4, until=[])])
+    s = lm.stats.samples[before]
+    assert s.gen_tokens <= 4 and s.committed <= 4
+
+
+def test_same_seed_same_text_and_temperature(tiny_target_dir):
+    a = SpotDLM(pretrained=str(tiny_target_dir), seed=3)
+    b = SpotDLM(pretrained=str(tiny_target_dir), seed=3)
+    r = [req("Sample me", max_gen_toks=16, do_sample=True, temperature=1.0, until=[])]
+    ta, tb = a.generate_until(r), b.generate_until(r)
+    assert ta == tb
+    assert a.get_model_info()["spot"]["temperature"] == 1.0
+    # repeats of one request get different (but reproducible) noise
+    twice = a.generate_until(r + r)
+    assert twice[0] == ta[0]
+
+
+def test_seed_defaults_to_torch_seed(tiny_target_dir):
+    torch.manual_seed(1234)
+    assert SpotDLM(pretrained=str(tiny_target_dir)).base_seed == 1234
+
+
+def test_loglikelihood_raises_clear_error(lm):
+    with pytest.raises(NotImplementedError, match="generation tasks"):
+        lm.loglikelihood([])
+    with pytest.raises(NotImplementedError, match="generation tasks"):
+        lm.loglikelihood_rolling([])
+
+
+def test_chat_template(lm):
+    text = lm.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert "hi" in text and text.endswith("<|assistant|>")
+    assert lm.tokenizer_name
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"mode": "turbo"}, "mode='turbo'.*accepted: control"),
+        ({"blocklen": 4}, "unknown model argument.*blocklen.*accepted"),
+        ({"block_len": 0}, "block_len=0.*integers >= 1"),
+        ({"block_len": "abc"}, "block_len='abc'.*integer"),
+        ({"gen_length": -3}, "gen_length"),
+        ({"dtype": "float8"}, "dtype='float8'.*accepted"),
+        ({"batch_size": "many"}, "batch_size"),
+        ({"trust_remote_code": "maybe"}, "trust_remote_code"),
+        ({"pretrained": "/does/not/exist"}, "pretrained='/does/not/exist'.*config.json"),
+    ],
+)
+def test_bad_args_one_line_error_before_loading(kwargs, needle):
+    with pytest.raises(SpotArgError, match=needle) as exc:
+        parse_args(kwargs)
+    assert "\n" not in str(exc.value)
+
+
+def test_model_without_mask_token_rejected(tmp_path):
+    d = save_tiny_target(tmp_path / "nomask", with_mask=False)
+    with pytest.raises(SpotArgError, match="no mask token"):
+        SpotDLM(pretrained=str(d))
+
+
+def test_bad_max_gen_toks_rejected_before_any_decoding(lm):
+    before = len(lm.stats.samples)
+    with pytest.raises(ValueError, match="max_gen_toks"):
+        lm.generate_until([req("hi", max_gen_toks=3), req("hi", max_gen_toks=0)])
+    assert len(lm.stats.samples) == before
+
+
+def test_batch_size_forms(tiny_target_dir):
+    assert parse_args({"pretrained": str(tiny_target_dir), "batch_size": "8"}).batch_size == 8
+    assert parse_args({"pretrained": str(tiny_target_dir), "batch_size": 2}).batch_size == 2
+    assert parse_args({"pretrained": str(tiny_target_dir), "batch_size": "auto"}).batch_size == 1
