@@ -6,7 +6,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-MODES = ("control",)
+MODES = ("spot", "spot-gamma", "spot-chain", "control")
+DRAFTING_MODES = ("spot", "spot-gamma", "spot-chain")
+CONTROL_OPTIONS = ("none", "paired")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -17,6 +19,11 @@ class SpotArgError(ValueError):
 def default_target_path() -> Path:
     """The embedded trained target shipped inside the package."""
     return Path(__file__).parent / "assets" / "spot-arith-target"
+
+
+def default_drafter_path() -> Path:
+    """The drafter trained for the embedded target, shipped inside the package."""
+    return Path(__file__).parent / "assets" / "spot-arith-drafter"
 
 
 def _as_bool(name: str, value: Any) -> bool:
@@ -45,7 +52,7 @@ def _as_int(name: str, value: Any, minimum: int) -> int:
 class SpotArgs:
     pretrained: str  # local checkpoint folder (or hub id where a hub is reachable)
     tokenizer: str | None = None  # defaults to `pretrained`
-    mode: str = "control"
+    mode: str = "spot"
     block_len: int | None = None  # defaults to the checkpoint config's block length
     gen_length: int | None = None  # upper bound on generated tokens; the task's max_gen_toks applies below it
     device: str = "cpu"
@@ -53,6 +60,10 @@ class SpotArgs:
     batch_size: int = 1
     trust_remote_code: bool = False
     seed: int | None = None  # base seed of the noise rows; default: the seed lm-eval gave torch
+    drafter: str | None = None  # drafter folder; default: the shipped one (drafting modes only)
+    budget: int = 8  # D: drafted states verified per round
+    gamma: float = 0.05  # mass floor, used by mode=spot-gamma
+    control: str = "none"  # "paired": also run control on every request and report exactness and ratios
 
 
 def accepted_args() -> list[str]:
@@ -73,7 +84,7 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
     args["pretrained"] = str(pretrained)
     if raw.get("tokenizer") is not None:
         args["tokenizer"] = str(raw["tokenizer"])
-    mode = str(raw.get("mode", "control"))
+    mode = str(raw.get("mode", "spot"))
     if mode not in MODES:
         raise SpotArgError(f"spot-dlm: mode={mode!r} is not known; accepted: {', '.join(MODES)}")
     args["mode"] = mode
@@ -97,8 +108,31 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         args["trust_remote_code"] = _as_bool("trust_remote_code", raw["trust_remote_code"])
     if raw.get("seed") is not None:
         args["seed"] = _as_int("seed", raw["seed"], 0)
+    if raw.get("drafter") is not None:
+        args["drafter"] = str(raw["drafter"])
+    if raw.get("budget") is not None:
+        args["budget"] = _as_int("budget", raw["budget"], 1)
+    if raw.get("gamma") is not None:
+        try:
+            gamma = float(raw["gamma"])
+        except (TypeError, ValueError):
+            gamma = -1.0
+        if not 0.0 <= gamma < 1.0:
+            raise SpotArgError(f"spot-dlm: gamma={raw['gamma']!r} is out of range; accepted: a number in [0, 1)")
+        args["gamma"] = gamma
+    control = str(raw.get("control", "none"))
+    if control not in CONTROL_OPTIONS:
+        raise SpotArgError(f"spot-dlm: control={control!r} is not known; accepted: {', '.join(CONTROL_OPTIONS)}")
+    args["control"] = control
     out = SpotArgs(**args)
     _check_pretrained(out.pretrained)
+    if out.mode in DRAFTING_MODES:
+        drafter = Path(out.drafter or default_drafter_path()).expanduser()
+        if not (drafter / "drafter.json").is_file():
+            raise SpotArgError(
+                f"spot-dlm: drafter={str(drafter)!r} is not a drafter folder (no drafter.json); accepted: a folder "
+                "written by python -m lm_eval_spot.drafter.train, or mode=control"
+            )
     return out
 
 

@@ -16,7 +16,8 @@ from lm_eval_spot.config import SpotArgs, parse_args
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, decode
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.loading import load_target
-from lm_eval_spot.metrics import RunStats, SampleStats, format_summary
+from lm_eval_spot.methods import build_proposer
+from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary
 from lm_eval_spot.stopping import cut_text, make_stop_check
 
 # A child of lm-eval's logger: its CLI shows these messages (run summary, load facts) with its own.
@@ -44,7 +45,9 @@ class SpotDLM(LM):
         self.adapter = loaded.adapter
         self.tokenizer = loaded.tokenizer
         self.base_seed = self.args.seed if self.args.seed is not None else int(torch.initial_seed())
-        self.stats = RunStats(mode=self.args.mode)
+        self.proposer = build_proposer(self.args, self.adapter.info.block_len)
+        self.stats = RunStats(mode=self.args.mode, budget=self.args.budget if self.proposer else None)
+        self.paired = PairedStats() if self.args.control == "paired" and self.proposer is not None else None
         if self.args.batch_size > 1:
             log.info("batch_size=%d: requests are decoded one at a time (NFE and exactness are per request)",
                      self.args.batch_size)
@@ -67,14 +70,21 @@ class SpotDLM(LM):
         jobs = self._plan(requests)
         out: list[str] = []
         bar = tqdm(jobs, desc=f"spot-dlm [{self.args.mode}]", disable=disable_tqdm or self.rank != 0)
-        for job in bar:
+        for i, job in enumerate(bar):
+            if self.paired is not None and i % 2 == 1:
+                # Alternate which method runs first, so machine drift cancels in the paired ratios.
+                ctrl = self._generate_one(job.context, job.cfg, job.seed, job.until, self_proposer=False)[1]
             text, result = self._generate_one(job.context, job.cfg, job.seed, job.until)
+            if self.paired is not None:
+                if i % 2 == 0:
+                    ctrl = self._generate_one(job.context, job.cfg, job.seed, job.until, self_proposer=False)[1]
+                self.paired.add(result, ctrl)
             out.append(text)
             self._record(result, job.cfg.temperature)
             self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
             bar.set_postfix(nfe=f"{self.stats.summary()['nfe_per_sample']:.1f}")
         if jobs:
-            log.info("spot-dlm run summary\n%s", format_summary(self.stats.summary()))
+            log.info("spot-dlm run summary\n%s", format_summary(self.get_model_info()["spot"]))
         return out
 
     def _plan(self, requests: list[Any]) -> list[_Job]:
@@ -104,7 +114,7 @@ class SpotDLM(LM):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _generate_one(
-        self, context: str, cfg: DecodeConfig, seed: int, until: list[str]
+        self, context: str, cfg: DecodeConfig, seed: int, until: list[str], self_proposer: bool = True
     ) -> tuple[str, DecodeResult]:
         result = decode(
             self.adapter,
@@ -112,6 +122,7 @@ class SpotDLM(LM):
             cfg,
             seed,
             stop_check=make_stop_check(self.decode_ids, until),
+            proposer=self.proposer if self_proposer else None,
         )
         return cut_text(self.decode_ids(result.token_ids), until), result
 
@@ -124,8 +135,11 @@ class SpotDLM(LM):
 
     # ---- lm-eval hooks -------------------------------------------------------------------------------
     def get_model_info(self) -> dict[str, Any]:
+        summary = self.stats.summary()
+        if self.paired is not None:
+            summary.update(self.paired.summary())
         return {
-            "spot": self.stats.summary(),
+            "spot": summary,
             "spot_args": {k: v for k, v in vars(self.args).items()},
         }
 

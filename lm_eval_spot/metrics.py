@@ -26,6 +26,7 @@ class SampleStats:
 @dataclass
 class RunStats:
     mode: str
+    budget: int | None = None
     temperature: float | None = None
     samples: list[SampleStats] = field(default_factory=list)
 
@@ -46,6 +47,7 @@ class RunStats:
         rounds = sum(s.rounds for s in self.samples)
         return {
             "mode": self.mode,
+            "budget": self.budget,
             "samples": n,
             "temperature": self.temperature,
             "nfe_total": nfe,
@@ -71,6 +73,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("mode", summary["mode"]),
         ("samples", summary["samples"]),
         ("temperature", summary["temperature"]),
+        ("budget D", summary.get("budget")),
         ("NFE / sample", f"{summary['nfe_per_sample']:.2f}"),
         ("generated tokens / sample", f"{summary['gen_tokens_per_sample']:.2f}"),
         ("tokens / forward", f"{summary['tokens_per_forward']:.3f}"),
@@ -90,3 +93,41 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = ["| spot-dlm | value |", f"|{'-' * (width + 2)}|-------|"]
     lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]
     return "\n".join(lines)
+
+
+@dataclass
+class PairedStats:
+    """Control decoded on the same request in the same process: exactness and paired ratios."""
+
+    nfe: list[tuple[int, int]] = field(default_factory=list)  # (method, control) per sample
+    rate: list[tuple[float, float]] = field(default_factory=list)  # generated tokens / s, (method, control)
+    same: list[bool] = field(default_factory=list)
+
+    def add(self, method: Any, control: Any) -> None:
+        """method/control: DecodeResult of the same request and seed."""
+        self.nfe.append((method.nfe.total, control.nfe.total))
+        self.rate.append((len(method.token_ids) / method.wall_s, len(control.token_ids) / control.wall_s))
+        self.same.append(method.token_ids == control.token_ids)
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.same)
+        if not n:
+            return {}
+        m_nfe = sum(a for a, _ in self.nfe)
+        c_nfe = sum(b for _, b in self.nfe)
+        ratios = [a / b for a, b in self.rate if b > 0]
+        return {
+            "control_nfe_per_sample": c_nfe / n,
+            "nfe_reduction": c_nfe / m_nfe if m_nfe else 0.0,
+            "throughput_ratio": median(ratios) if ratios else 0.0,
+            "throughput_ratio_q25_q75": _quartiles(ratios),
+            "exact_match_to_control": sum(self.same) / n,
+            "samples_differing_from_control": n - sum(self.same),
+        }
+
+
+def _quartiles(xs: list[float]) -> list[float]:
+    if not xs:
+        return [0.0, 0.0]
+    s = sorted(xs)
+    return [s[int(0.25 * (len(s) - 1))], s[int(0.75 * (len(s) - 1))]]

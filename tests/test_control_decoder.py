@@ -85,7 +85,7 @@ def test_commit_order_is_by_confidence_not_left_to_right():
     order: list[int] = []
 
     class Obs:
-        def on_commit(self, block, state, logits, pos, tok, fresh):
+        def on_commit(self, block, state, eligible, logits, pos, tok):
             order.append(pos)
 
     res = decode(adapter, [5, 6, 7], DecodeConfig(max_gen_toks=13), seed=0, observer=Obs())

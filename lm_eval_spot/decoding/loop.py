@@ -40,8 +40,10 @@ class RoundObserver(Protocol):
     """Sees every commit with the target logits it was decided from (for analysis and drafter data)."""
 
     def on_commit(
-        self, block: int, state: torch.Tensor, logits: torch.Tensor, pos: int, tok: int, fresh: bool
-    ) -> None: ...
+        self, block: int, state: torch.Tensor, eligible: torch.Tensor, logits: torch.Tensor, pos: int, tok: int
+    ) -> None:
+        """state/eligible [L] before the commit, logits [L, V] computed at that state."""
+        ...
 
 
 @dataclass
@@ -105,13 +107,14 @@ def decode(
             logits = session.block_logits(states)
             # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
             logits[..., mask_id] = float("-inf")
-            tpos, ttok = transition(logits, (states == mask_id) & window, cfg.temperature, gumbel)
+            node_eligible = (states == mask_id) & window
+            tpos, ttok = transition(logits, node_eligible, cfg.temperature, gumbel)
             path = accepted_path(tree, tpos, ttok)
             nodes = [0, *path]
             if observer is not None:
-                for k, n in enumerate(nodes):
+                for n in nodes:
                     if int(tpos[n]) >= 0:
-                        observer.on_commit(block, states[n], logits[n], int(tpos[n]), int(ttok[n]), k == 0)
+                        observer.on_commit(block, states[n], node_eligible[n], logits[n], int(tpos[n]), int(ttok[n]))
             last = nodes[-1]
             state = states[last].clone()
             if int(tpos[last]) >= 0:

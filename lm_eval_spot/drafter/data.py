@@ -1,0 +1,111 @@
+"""Drafter training data: control trajectories (T=0) stored compactly, and prefix-replay examples built from them.
+
+A trajectory round j of a block holds the state s_j's status, the target's top-k probabilities l_j at s_j and
+the commit c_j. At inference the drafter at root s_r reads l_{r-1} (one commit stale) and drafts c_r, c_r+1, ...
+so an example (r, k) replays c_r..c_{r+k-1} as a hypothetical path over l_{r-1} held fixed, labelled pos_{r+k}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lm_eval_spot.drafter.features import TOP_K, node_status, prob_features
+
+
+@dataclass
+class Trajectories:
+    """Rounds of many blocks, concatenated. R rounds, L slots, k = top-k."""
+
+    topk: torch.Tensor  # [R, L, k] float16: target probabilities at the round's state, sorted
+    top1: torch.Tensor  # [R, L] int32: the target's argmax token per slot at that state
+    committed: torch.Tensor  # [R, L] bool: slots holding a token at the round's state
+    eligible: torch.Tensor  # [R, L] bool: masked slots inside the generation window
+    pos: torch.Tensor  # [R] int64: slot committed this round
+    tok: torch.Tensor  # [R] int64: token committed
+    block_id: torch.Tensor  # [R] int64: a running id per (sample, block); rounds of one block are contiguous
+    sample_id: torch.Tensor  # [R] int64
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.contiguous() for k, v in vars(self).items()}
+
+    @staticmethod
+    def from_dict(d: dict[str, torch.Tensor]) -> Trajectories:
+        return Trajectories(**{k: d[k] for k in Trajectories.__dataclass_fields__})
+
+    @staticmethod
+    def concat(parts: list[Trajectories]) -> Trajectories:
+        return Trajectories(**{k: torch.cat([getattr(p, k) for p in parts]) for k in Trajectories.__dataclass_fields__})
+
+
+class TrajectoryRecorder:
+    """Decoder observer that records one request's rounds (every commit with the logits it came from)."""
+
+    def __init__(self, sample_id: int, block_offset: int, top_k: int = TOP_K) -> None:
+        self.sample_id, self.block_offset, self.top_k = sample_id, block_offset, top_k
+        self.rows: list[tuple] = []
+
+    def on_commit(self, block, state, eligible, logits, pos, tok) -> None:
+        probs = torch.softmax(logits.float(), dim=-1)
+        top = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
+        self.rows.append((top.values.half(), top.indices[:, 0].int(), eligible.clone(), state.clone(), pos, tok,
+                          self.block_offset + block))
+
+    def result(self, mask_id: int) -> Trajectories | None:
+        if not self.rows:
+            return None
+        vals, top1, elig, states, pos, tok, blk = zip(*self.rows, strict=True)
+        st = torch.stack(states)
+        return Trajectories(
+            topk=torch.stack(vals),
+            top1=torch.stack(top1),
+            committed=st != mask_id,
+            eligible=torch.stack(elig),
+            pos=torch.tensor(pos, dtype=torch.long),
+            tok=torch.tensor(tok, dtype=torch.long),
+            block_id=torch.tensor(blk, dtype=torch.long),
+            sample_id=torch.full((len(pos),), self.sample_id, dtype=torch.long),
+        )
+
+
+def replay_examples(traj: Trajectories, max_depth: int) -> torch.Tensor:
+    """All (r, k) pairs: [E, 2] long. r >= 1 within its block (a stale round exists), r + k < block's end."""
+    blk = traj.block_id
+    R = blk.shape[0]
+    idx = torch.arange(R)
+    starts = torch.ones(R, dtype=torch.bool)
+    starts[1:] = blk[1:] != blk[:-1]
+    block_start = torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), 0).values
+    ends = torch.ones(R, dtype=torch.bool)
+    ends[:-1] = blk[1:] != blk[:-1]
+    block_end = torch.flip(torch.cummin(torch.flip(torch.where(ends, idx, torch.full_like(idx, R)), [0]), 0).values, [0])
+    out = []
+    for k in range(max_depth):
+        ok = (idx > block_start) & (idx + k <= block_end)
+        r = idx[ok]
+        out.append(torch.stack([r, torch.full_like(r, k)], 1))
+    return torch.cat(out)
+
+
+@dataclass(frozen=True)
+class Batch:
+    feat: torch.Tensor  # [B, L, 2k]
+    status: torch.Tensor  # [B, L]
+    depth: torch.Tensor  # [B, L]
+    label: torch.Tensor  # [B]
+    stale_conf: torch.Tensor  # [B, L] stale top-1 probability (for the confidence-order baseline)
+
+
+def make_batch(traj: Trajectories, ex: torch.Tensor) -> Batch:
+    """ex [B, 2] (r, k) -> model inputs. Stale = round r-1's probabilities, root = round r's status."""
+    r, k = ex[:, 0], ex[:, 1]
+    B, L = r.shape[0], traj.committed.shape[1]
+    depth = torch.zeros(B, L, dtype=torch.long)
+    rows = torch.arange(B)
+    for i in range(int(k.max()) + 1 if B else 0):
+        on = i < k
+        depth[rows[on], traj.pos[r[on] + i]] = i + 1
+    status = node_status(traj.committed[r], traj.eligible[r], depth)
+    stale = traj.topk[r - 1].float()
+    return Batch(prob_features(stale), status, depth, traj.pos[r + k], stale[..., 0])

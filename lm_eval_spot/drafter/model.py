@@ -1,0 +1,121 @@
+"""The commit-order model: which still-masked slot of the active block will the target commit next?
+
+A 3-layer bidirectional transformer over the L slots (paper: d_model 128, 8 heads, ~0.62M parameters).
+Checkpoints are safetensors weights plus JSON metadata; loading one checks that it fits the target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lm_eval_spot.drafter.features import FEATURE_VERSION, MASKED, MAX_DEPTH, TOP_K
+
+
+class DrafterMismatchError(ValueError):
+    """A drafter checkpoint that does not fit the target or this code (block length, feature version)."""
+
+
+@dataclass(frozen=True)
+class OrderModelConfig:
+    d_model: int = 128
+    n_heads: int = 8
+    n_layers: int = 3
+    d_ff: int = 512
+    top_k: int = TOP_K
+    max_block_len: int = 64
+    dropout: float = 0.0
+
+
+@dataclass(frozen=True)
+class DrafterMeta:
+    feature_version: int
+    top_k: int
+    block_lens: tuple[int, ...]  # block lengths it was trained on (and is allowed to run at)
+    target: str
+    task: str
+    heldout_accuracy: float | None = None
+    heldout_stale_conf_accuracy: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class OrderModel(nn.Module):
+    def __init__(self, cfg: OrderModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.inp = nn.Linear(2 * cfg.top_k, d)
+        self.status = nn.Embedding(4, d)
+        self.depth = nn.Embedding(MAX_DEPTH + 1, d)
+        self.slot = nn.Embedding(cfg.max_block_len, d)
+        layer = nn.TransformerEncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, probs_feat: torch.Tensor, status: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """probs_feat [N, L, 2k] (or [L, 2k], shared), status/depth [N, L] -> logits [N, L] over MASKED slots
+        (-inf elsewhere)."""
+        n, L = status.shape
+        x = self.inp(probs_feat)
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(n, -1, -1)
+        slots = torch.arange(L, device=status.device)
+        x = x + self.status(status) + self.depth(depth.clamp(max=MAX_DEPTH)) + self.slot(slots)[None]
+        h = self.norm(self.encoder(x))
+        logits = self.head(h).squeeze(-1)
+        return logits.masked_fill(status != MASKED, float("-inf"))
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_drafter(model: OrderModel, meta: DrafterMeta, out_dir: Path) -> None:
+    """Weights (safetensors) + config/metadata (JSON), each written atomically."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".tmp", delete=False) as f:
+        tmp = f.name
+    save_file(state, tmp)
+    os.replace(tmp, out_dir / "drafter.safetensors")
+    doc = {"config": asdict(model.cfg), "meta": asdict(meta), "params": n_params(model)}
+    tmp_json = out_dir / "drafter.json.tmp"
+    tmp_json.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp_json, out_dir / "drafter.json")
+
+
+def load_drafter(path: Path, block_len: int) -> tuple[OrderModel, DrafterMeta]:
+    """Load a drafter folder; fail clearly if it does not fit (feature version, block length)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    doc_path = path / "drafter.json"
+    if not doc_path.is_file():
+        raise DrafterMismatchError(f"spot-dlm: drafter={str(path)!r} has no drafter.json (not a drafter folder)")
+    doc = json.loads(doc_path.read_text())
+    meta_d = doc["meta"]
+    meta_d["block_lens"] = tuple(meta_d["block_lens"])
+    meta = DrafterMeta(**meta_d)
+    if meta.feature_version != FEATURE_VERSION:
+        raise DrafterMismatchError(
+            f"spot-dlm: drafter {str(path)!r} has feature version {meta.feature_version}, this code reads "
+            f"version {FEATURE_VERSION}; retrain it with python -m lm_eval_spot.drafter.train"
+        )
+    if block_len not in meta.block_lens:
+        raise DrafterMismatchError(
+            f"spot-dlm: drafter {str(path)!r} was trained for block length(s) {list(meta.block_lens)}, "
+            f"the target runs block_len={block_len}; accepted: block_len in {list(meta.block_lens)} or another drafter"
+        )
+    model = OrderModel(OrderModelConfig(**doc["config"]))
+    model.load_state_dict(load_file(str(path / "drafter.safetensors")))
+    return model.eval(), meta

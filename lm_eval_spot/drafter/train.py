@@ -1,0 +1,237 @@
+"""Train a SPOT drafter for a target: collect control trajectories, train the order model, evaluate it.
+
+    python -m lm_eval_spot.drafter.train all --out runs/drafter [--target PATH] [--n-prompts 1200]
+
+Sub-steps `collect`, `train`, `evaluate` can be run alone; each resumes from what it already wrote (trajectory
+shards and training checkpoints are written atomically). The result is `OUT/drafter/` (safetensors + JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, make_batch, replay_examples
+from lm_eval_spot.drafter.features import FEATURE_VERSION, TOP_K
+from lm_eval_spot.drafter.model import DrafterMeta, OrderModel, OrderModelConfig, n_params, save_drafter
+
+log = logging.getLogger(__name__)
+
+SHARD = 100  # prompts per trajectory shard
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 3000
+    batch: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup: int = 100
+    max_depth: int = 24  # deepest replayed prefix
+    heldout_frac: float = 0.1
+    seed: int = 0
+    minutes: float | None = None  # stop early (and still save) after this much training time
+
+
+def training_prompts(task: str, n: int, prompts_file: str | None) -> list[str]:
+    if prompts_file:
+        rows = [json.loads(x) for x in Path(prompts_file).read_text().splitlines() if x.strip()]
+        return [r["prompt"] for r in rows][:n]
+    if task != "spot_arith":
+        raise SystemExit(f"--task {task!r}: only spot_arith has a built-in training split; pass --prompts-file")
+    from lm_eval_spot.arith.generator import make_prompt, make_split
+
+    return [make_prompt(p["question"]) for p in make_split("train", n)]
+
+
+def _atomic_save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+
+
+def collect(out: Path, target: str | None, prompts: list[str], block_len: int | None, max_gen_toks: int) -> None:
+    """Control decoding at T=0 over the prompts; one trajectory shard per SHARD prompts (skipped if present)."""
+    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+    from lm_eval_spot.loading import load_target
+
+    raw = {"mode": "control", **({"pretrained": target} if target else {}), **({"block_len": block_len} if block_len else {})}
+    loaded = load_target(parse_args(raw))
+    adapter, tok = loaded.adapter, loaded.tokenizer
+    shard_dir = out / "trajectories"
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    cfg = DecodeConfig(max_gen_toks=max_gen_toks, temperature=0.0)
+    n_shards = math.ceil(len(prompts) / SHARD)
+    bar = tqdm(total=len(prompts), desc="collect (control, T=0)")
+    for s in range(n_shards):
+        path = shard_dir / f"shard_{s:04d}.safetensors"
+        chunk = prompts[s * SHARD : (s + 1) * SHARD]
+        if path.exists():
+            bar.update(len(chunk))
+            continue
+        parts = []
+        for i, prompt in enumerate(chunk):
+            sid = s * SHARD + i
+            rec = TrajectoryRecorder(sid, block_offset=sid * 1000)
+            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            decode(adapter, ids, cfg, seed=0, observer=rec)
+            t = rec.result(adapter.info.mask_id)
+            if t is not None:
+                parts.append(t)
+            bar.update(1)
+        _atomic_save_tensors(Trajectories.concat(parts).to_dict(), path)
+    bar.close()
+    meta = {"target": target or "embedded", "block_len": adapter.info.block_len, "prompts": len(prompts)}
+    (out / "collect.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def load_trajectories(out: Path) -> Trajectories:
+    from safetensors.torch import load_file
+
+    shards = sorted((out / "trajectories").glob("shard_*.safetensors"))
+    if not shards:
+        raise SystemExit(f"no trajectories under {out}/trajectories: run the collect step first")
+    return Trajectories.concat([Trajectories.from_dict(load_file(str(p))) for p in shards])
+
+
+def split_examples(traj: Trajectories, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    ex = replay_examples(traj, cfg.max_depth)
+    n_samples = int(traj.sample_id.max()) + 1
+    cut = n_samples - max(1, int(n_samples * cfg.heldout_frac))
+    held = traj.sample_id[ex[:, 0]] >= cut
+    return ex[~held], ex[held]
+
+
+def train(out: Path, cfg: TrainConfig) -> OrderModel:
+    traj = load_trajectories(out)
+    train_ex, held_ex = split_examples(traj, cfg)
+    log.info("examples: %d train, %d held-out (rounds %d)", len(train_ex), len(held_ex), len(traj.pos))
+    torch.manual_seed(cfg.seed)
+    model = OrderModel(OrderModelConfig())
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    ckpt = out / "train_ckpt.pt"
+    step = 0
+    gen = torch.Generator().manual_seed(cfg.seed)
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = int(state["step"])
+        gen.set_state(state["gen"])
+        log.info("resumed drafter training at step %d", step)
+
+    def lr_at(s: int) -> float:
+        if s < cfg.warmup:
+            return cfg.lr * (s + 1) / cfg.warmup
+        return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup))))
+
+    t0 = time.time()
+    bar = tqdm(total=cfg.steps, initial=step, desc="train drafter")
+    model.train()
+    while step < cfg.steps:
+        idx = torch.randint(len(train_ex), (cfg.batch,), generator=gen)
+        b = make_batch(traj, train_ex[idx])
+        logits = model(b.feat, b.status, b.depth)
+        loss = torch.nn.functional.cross_entropy(logits, b.label)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        if step % 25 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        done = cfg.minutes is not None and time.time() - t0 > cfg.minutes * 60
+        if step % 200 == 0 or step == cfg.steps or done:
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "gen": gen.get_state()}, tmp)
+            os.replace(tmp, ckpt)
+        if done:
+            log.info("time limit reached at step %d", step)
+            break
+    bar.close()
+    return model.eval()
+
+
+@torch.no_grad()
+def evaluate(model: OrderModel, traj: Trajectories, ex: torch.Tensor, batch: int = 1024) -> dict[str, float]:
+    """Held-out next-commit accuracy of the order model vs stale-confidence ordering, on the same examples."""
+    hits = base = hits0 = base0 = n0 = 0
+    for i in range(0, len(ex), batch):
+        part = ex[i : i + batch]
+        b = make_batch(traj, part)
+        pred = model(b.feat, b.status, b.depth).argmax(-1)
+        conf = b.stale_conf.masked_fill(b.status != 2, -1.0).argmax(-1)
+        k0 = part[:, 1] == 0
+        hits += int((pred == b.label).sum())
+        base += int((conf == b.label).sum())
+        hits0 += int((pred == b.label)[k0].sum())
+        base0 += int((conf == b.label)[k0].sum())
+        n0 += int(k0.sum())
+    n = max(1, len(ex))
+    return {"accuracy": hits / n, "stale_conf_accuracy": base / n, "accuracy_k0": hits0 / max(1, n0),
+            "stale_conf_accuracy_k0": base0 / max(1, n0), "examples": len(ex)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.drafter.train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=["collect", "train", "evaluate", "all"])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--target", default=None, help="target checkpoint folder (default: the embedded target)")
+    ap.add_argument("--task", default="spot_arith")
+    ap.add_argument("--prompts-file", default=None, help="JSONL with a 'prompt' field (instead of --task)")
+    ap.add_argument("--n-prompts", type=int, default=1200)
+    ap.add_argument("--block-len", type=int, default=None)
+    ap.add_argument("--max-gen-toks", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=TrainConfig.steps)
+    ap.add_argument("--batch", type=int, default=TrainConfig.batch)
+    ap.add_argument("--minutes", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = TrainConfig(steps=args.steps, batch=args.batch, minutes=args.minutes, seed=args.seed)
+    t0 = time.time()
+    if args.step in ("collect", "all"):
+        collect(out, args.target, training_prompts(args.task, args.n_prompts, args.prompts_file), args.block_len,
+                args.max_gen_toks)
+    if args.step in ("train", "all"):
+        train(out, cfg)
+    if args.step in ("evaluate", "all", "train"):
+        traj = load_trajectories(out)
+        _, held = split_examples(traj, cfg)
+        model = OrderModel(OrderModelConfig())
+        model.load_state_dict(torch.load(out / "train_ckpt.pt", weights_only=True)["model"])
+        model.eval()
+        scores = evaluate(model, traj, held)
+        info = json.loads((out / "collect.json").read_text())
+        meta = DrafterMeta(
+            feature_version=FEATURE_VERSION, top_k=TOP_K, block_lens=(int(info["block_len"]),),
+            target=str(info["target"]), task=args.task if not args.prompts_file else args.prompts_file,
+            heldout_accuracy=scores["accuracy"], heldout_stale_conf_accuracy=scores["stale_conf_accuracy"],
+            extra={"scores": scores, "train": asdict(cfg), "params": n_params(model),
+                   "prompts": info["prompts"], "wall_s_this_run": round(time.time() - t0, 1)},
+        )
+        save_drafter(model, meta, out / "drafter")
+        print(json.dumps(scores, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The key invariant: speculative output == control output under the same seed, for any drafter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
+from lm_eval_spot.decoding.loop import DecodeConfig, decode
+from lm_eval_spot.decoding.proposer import RoundContext
+from lm_eval_spot.decoding.tree import DraftTree
+from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
+from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+
+from tiny import build_model
+
+V, MASK, EOS = 40, 2, 1
+
+
+def adapter_for(L: int, seed: int = 0) -> BlockCausalAdapter:
+    return BlockCausalAdapter(build_model(V, seed=seed, block_length=L),
+                              TargetInfo(MASK, frozenset({EOS}), EOS, L, "zero", True, V))
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.commits: dict[int, list[tuple[int, int]]] = {}
+
+    def on_commit(self, block, state, eligible, logits, pos, tok):
+        self.commits.setdefault(block, []).append((pos, tok))
+
+
+class OracleProposer:
+    """Drafts the true future commits (from a control run) as a chain, plus a wrong sibling at every depth,
+    so that verification must both accept deep paths and reject near-misses."""
+
+    def __init__(self, commits: dict[int, list[tuple[int, int]]], L: int, budget: int, corrupt_at: int | None):
+        self.commits, self.L, self.budget, self.corrupt_at = commits, L, budget, corrupt_at
+        self.block = -1
+        self.last_state: torch.Tensor | None = None
+
+    def propose(self, ctx: RoundContext) -> DraftTree:
+        # Find the block by matching the root against the recorded trajectories.
+        done = int((ctx.state != ctx.mask_id).sum() - ctx.committed_before.sum())
+        for b, seq in self.commits.items():
+            st = ctx.state.clone()
+            if all(st[p] == t for p, t in seq[:done]) and all(st[p] == ctx.mask_id for p, _ in seq[done:]):
+                fut = seq[done:]
+                break
+        else:
+            return DraftTree.empty()
+        parent, pos, tok = [], [], []
+        prev = 0
+        for d, (p, t) in enumerate(fut[: self.budget // 2]):
+            wrong_tok = (t + 1) % V if (t + 1) % V != MASK else (t + 2) % V
+            parent.append(prev); pos.append(p); tok.append(wrong_tok)  # a sibling that must be rejected
+            true_t = wrong_tok if d == self.corrupt_at else t
+            parent.append(prev); pos.append(p); tok.append(true_t)
+            prev = len(parent)
+        return DraftTree(tuple(parent), tuple(pos), tuple(tok))
+
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+@pytest.mark.parametrize("L", [16, 32])
+@pytest.mark.parametrize("corrupt_at", [None, 2])
+def test_oracle_tree_is_exact_and_saves_forwards(L, T, corrupt_at):
+    adapter = adapter_for(L, seed=L)
+    prompt = list(range(5, 5 + L + 3))
+    cfg = DecodeConfig(max_gen_toks=2 * L + 5, temperature=T)
+    rec = Recorder()
+    control = decode(adapter, prompt, cfg, seed=4, observer=rec)
+    spec = decode(adapter, prompt, cfg, seed=4, proposer=OracleProposer(rec.commits, L, 20, corrupt_at))
+    assert spec.token_ids == control.token_ids
+    assert spec.nfe.total < control.nfe.total
+    if corrupt_at is None:
+        assert max(spec.accepted) >= 5  # deep paths really were accepted
+    else:
+        assert max(spec.accepted) == corrupt_at  # nothing past a wrong edge is ever accepted
+
+
+def random_drafter(seed: int) -> OrderModel:
+    torch.manual_seed(seed)
+    return OrderModel(OrderModelConfig())
+
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+@pytest.mark.parametrize("L", [16, 32])
+@pytest.mark.parametrize("budget", [1, 4, 8, 20])
+@pytest.mark.parametrize("gamma,chain", [(0.0, False), (0.05, False), (0.0, True)])
+def test_random_weight_drafter_never_breaks_exactness(L, T, budget, gamma, chain):
+    adapter = adapter_for(L, seed=1)
+    prompt = list(range(7, 7 + 5))
+    cfg = DecodeConfig(max_gen_toks=L // 2 + 12, temperature=T)  # spans two blocks
+    control = decode(adapter, prompt, cfg, seed=9)
+    prop = SpotProposer(random_drafter(budget), TreeConfig(budget=budget, gamma=gamma, chain=chain))
+    spec = decode(adapter, prompt, cfg, seed=9, proposer=prop)
+    assert spec.token_ids == control.token_ids
+    assert spec.stop_reason == control.stop_reason
+    assert all(d <= budget for d in spec.drafted)
+    assert spec.committed >= len(spec.token_ids)
+
+
+def test_tree_respects_budget_and_gamma():
+    L = 16
+    torch.manual_seed(0)
+    logits = torch.randn(L, V) * 3
+    logits[:, MASK] = float("-inf")
+    state = torch.full((L,), MASK)
+    state[:3] = 9
+    ctx = RoundContext(state, state == MASK, state != MASK, logits, 0.0, None, MASK)
+    model = random_drafter(0)
+    full = SpotProposer(model, TreeConfig(budget=12)).propose(ctx)
+    assert full.size == 12
+    floor = SpotProposer(model, TreeConfig(budget=12, gamma=0.2)).propose(ctx)
+    assert floor.size < 12
+    chain = SpotProposer(model, TreeConfig(budget=6, chain=True)).propose(ctx)
+    assert chain.parent == (0, 1, 2, 3, 4, 5)
+    # drafted slots are masked ones, and a path never commits one slot twice
+    for tree in (full, floor, chain):
+        for j in range(tree.size):
+            seen, node = [], j + 1
+            while node:
+                seen.append(tree.pos[node - 1])
+                node = tree.parent[node - 1]
+            assert len(seen) == len(set(seen)) and all(p >= 3 for p in seen)
