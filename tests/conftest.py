@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Tests use tiny tensors: one thread is as fast, and it avoids OpenMP spin-wait collapse when another job
+# (a training run, a second test process) shares the two cores. Subprocesses inherit the setting.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).parent))
 

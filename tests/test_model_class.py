@@ -19,7 +19,7 @@ def req(context: str, **gen) -> Instance:
 
 @pytest.fixture(scope="module")
 def lm(tiny_target_dir):
-    return SpotDLM(pretrained=str(tiny_target_dir), device="cpu", batch_size="4", seed=7)
+    return SpotDLM(pretrained=str(tiny_target_dir), mode="control", device="cpu", batch_size="4", seed=7)
 
 
 def test_generate_until_counts_and_reports(lm):
@@ -45,8 +45,8 @@ def test_max_gen_toks_and_prompt_tokens_not_counted(lm):
 
 
 def test_same_seed_same_text_and_temperature(tiny_target_dir):
-    a = SpotDLM(pretrained=str(tiny_target_dir), seed=3)
-    b = SpotDLM(pretrained=str(tiny_target_dir), seed=3)
+    a = SpotDLM(pretrained=str(tiny_target_dir), mode="control", seed=3)
+    b = SpotDLM(pretrained=str(tiny_target_dir), mode="control", seed=3)
     r = [req("Sample me", max_gen_toks=16, do_sample=True, temperature=1.0, until=[])]
     ta, tb = a.generate_until(r), b.generate_until(r)
     assert ta == tb
@@ -58,7 +58,7 @@ def test_same_seed_same_text_and_temperature(tiny_target_dir):
 
 def test_seed_defaults_to_torch_seed(tiny_target_dir):
     torch.manual_seed(1234)
-    assert SpotDLM(pretrained=str(tiny_target_dir)).base_seed == 1234
+    assert SpotDLM(pretrained=str(tiny_target_dir), mode="control").base_seed == 1234
 
 
 def test_loglikelihood_raises_clear_error(lm):
@@ -77,7 +77,7 @@ def test_chat_template(lm):
 @pytest.mark.parametrize(
     "kwargs,needle",
     [
-        ({"mode": "turbo"}, "mode='turbo'.*accepted: control"),
+        ({"mode": "turbo"}, "mode='turbo' is not known; accepted: spot, spot-gamma, spot-chain, control"),
         ({"blocklen": 4}, "unknown model argument.*blocklen.*accepted"),
         ({"block_len": 0}, "block_len=0.*integers >= 1"),
         ({"block_len": "abc"}, "block_len='abc'.*integer"),
@@ -97,7 +97,7 @@ def test_bad_args_one_line_error_before_loading(kwargs, needle):
 def test_model_without_mask_token_rejected(tmp_path):
     d = save_tiny_target(tmp_path / "nomask", with_mask=False)
     with pytest.raises(SpotArgError, match="no mask token"):
-        SpotDLM(pretrained=str(d))
+        SpotDLM(pretrained=str(d), mode="control")
 
 
 def test_bad_max_gen_toks_rejected_before_any_decoding(lm):
@@ -108,6 +108,6 @@ def test_bad_max_gen_toks_rejected_before_any_decoding(lm):
 
 
 def test_batch_size_forms(tiny_target_dir):
-    assert parse_args({"pretrained": str(tiny_target_dir), "batch_size": "8"}).batch_size == 8
-    assert parse_args({"pretrained": str(tiny_target_dir), "batch_size": 2}).batch_size == 2
-    assert parse_args({"pretrained": str(tiny_target_dir), "batch_size": "auto"}).batch_size == 1
+    assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": "8"}).batch_size == 8
+    assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": 2}).batch_size == 2
+    assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": "auto"}).batch_size == 1

@@ -1,0 +1,123 @@
+"""Drafter: features, prefix-replay data, checkpoint metadata checks, the training command, spot-dlm modes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+
+from lm_eval_spot.config import SpotArgError
+from lm_eval_spot.drafter.data import Trajectories, make_batch, replay_examples
+from lm_eval_spot.drafter.features import COMMITTED, FEATURE_VERSION, MASKED, ON_PATH
+from lm_eval_spot.drafter.model import (DrafterMeta, DrafterMismatchError, OrderModel, OrderModelConfig,
+                                        load_drafter, n_params, save_drafter)
+from lm_eval_spot.drafter.train import main as train_main
+from lm_eval_spot.lm import SpotDLM
+
+
+def test_order_model_size_matches_paper():
+    assert 600_000 <= n_params(OrderModel(OrderModelConfig())) <= 640_000
+
+
+def toy_trajectory(L: int = 4) -> Trajectories:
+    # one block: slots committed in the order 2, 0, 3, 1
+    order = [2, 0, 3, 1]
+    committed, eligible = [], []
+    state = torch.zeros(L, dtype=torch.bool)
+    for p in order:
+        committed.append(state.clone())
+        eligible.append(~state)
+        state[p] = True
+    R = len(order)
+    return Trajectories(
+        topk=torch.rand(R, L, 32).sort(-1, descending=True).values.half(), top1=torch.zeros(R, L, dtype=torch.int32),
+        committed=torch.stack(committed), eligible=torch.stack(eligible), pos=torch.tensor(order),
+        tok=torch.tensor([5, 6, 7, 8]), block_id=torch.zeros(R, dtype=torch.long), sample_id=torch.zeros(R, dtype=torch.long),
+    )
+
+
+def test_prefix_replay_examples_and_batch():
+    traj = toy_trajectory()
+    ex = replay_examples(traj, max_depth=4)
+    # r in 1..3; k with r + k <= 3
+    assert sorted(map(tuple, ex.tolist())) == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (3, 0)]
+    b = make_batch(traj, torch.tensor([[1, 2]]))
+    # root = round 1 (slot 2 committed); path replays commits of rounds 1, 2 (slots 0 then 3); label slot 1
+    assert b.label.tolist() == [1]
+    assert b.depth[0].tolist() == [1, 0, 0, 2]
+    assert b.status[0].tolist() == [ON_PATH, MASKED, COMMITTED, ON_PATH]
+    # stale probabilities are those of round 0, one commit before the root
+    torch.testing.assert_close(b.stale_conf[0], traj.topk[0, :, 0].float())
+
+
+def test_drafter_checkpoint_metadata_checked(tmp_path):
+    model = OrderModel(OrderModelConfig())
+    save_drafter(model, DrafterMeta(FEATURE_VERSION, 32, (32,), "t", "task", 0.8, 0.3), tmp_path / "d")
+    loaded, meta = load_drafter(tmp_path / "d", block_len=32)
+    assert meta.heldout_accuracy == 0.8
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k])
+    with pytest.raises(DrafterMismatchError, match="block length.*block_len=16"):
+        load_drafter(tmp_path / "d", block_len=16)
+    doc = json.loads((tmp_path / "d" / "drafter.json").read_text())
+    doc["meta"]["feature_version"] = FEATURE_VERSION + 1
+    (tmp_path / "d" / "drafter.json").write_text(json.dumps(doc))
+    with pytest.raises(DrafterMismatchError, match="feature version"):
+        load_drafter(tmp_path / "d", block_len=32)
+
+
+def test_training_command_collect_train_evaluate_resume(tiny_target_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Q: {i}+{i}=?\nA:"}) + "\n" for i in range(12)))
+    out = tmp_path / "run"
+    args = ["all", "--out", str(out), "--target", str(tiny_target_dir), "--prompts-file", str(prompts),
+            "--n-prompts", "12", "--max-gen-toks", "20", "--steps", "6", "--batch", "16"]
+    train_main(args)
+    doc = json.loads((out / "drafter" / "drafter.json").read_text())
+    assert doc["meta"]["block_lens"] == [8] and doc["meta"]["feature_version"] == FEATURE_VERSION
+    assert 0.0 <= doc["meta"]["heldout_accuracy"] <= 1.0
+    ck = torch.load(out / "train_ckpt.pt", weights_only=True)
+    assert ck["step"] == 6
+    # resume: more steps continue from the checkpoint; collection is not redone
+    shard_mtime = next((out / "trajectories").glob("*.safetensors")).stat().st_mtime
+    train_main([*args[:-4], "--steps", "9", "--batch", "16"])
+    assert torch.load(out / "train_ckpt.pt", weights_only=True)["step"] == 9
+    assert next((out / "trajectories").glob("*.safetensors")).stat().st_mtime == shard_mtime
+
+
+@pytest.fixture(scope="module")
+def random_drafter_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("drafter")
+    torch.manual_seed(0)
+    save_drafter(OrderModel(OrderModelConfig()), DrafterMeta(FEATURE_VERSION, 32, (8,), "tiny", "none"), d)
+    return d
+
+
+@pytest.mark.parametrize("mode", ["spot", "spot-gamma", "spot-chain"])
+def test_spot_modes_paired_with_control_are_exact(tiny_target_dir, random_drafter_dir, mode):
+    lm = SpotDLM(pretrained=str(tiny_target_dir), drafter=str(random_drafter_dir), mode=mode, budget=4,
+                 control="paired", seed=1)
+    reqs = [Instance("generate_until", {}, (c, {"until": ["\n\n"], "max_gen_toks": 14, **kw}), i)
+            for i, (c, kw) in enumerate([("Hi", {}), ("Q: 3+4", {"do_sample": True, "temperature": 1.0})])]
+    lm.generate_until(reqs)
+    info = lm.get_model_info()["spot"]
+    assert info["exact_match_to_control"] == 1.0
+    for key in ("control_nfe_per_sample", "nfe_reduction", "throughput_ratio", "mean_accepted_per_round", "budget"):
+        assert key in info
+    assert info["budget"] == 4
+
+
+def test_drafter_arg_errors(tiny_target_dir, tmp_path):
+    with pytest.raises(SpotArgError, match="drafter=.*not a drafter folder"):
+        SpotDLM(pretrained=str(tiny_target_dir), drafter=str(tmp_path), mode="spot")
+    with pytest.raises(SpotArgError, match="gamma"):
+        SpotDLM(pretrained=str(tiny_target_dir), mode="control", gamma=2)
+    with pytest.raises(SpotArgError, match="control='maybe'"):
+        SpotDLM(pretrained=str(tiny_target_dir), mode="control", control="maybe")
+
+
+def test_drafter_block_length_mismatch_is_clear(tiny_target_dir, random_drafter_dir):
+    with pytest.raises(DrafterMismatchError, match="block_len=16"):
+        SpotDLM(pretrained=str(tiny_target_dir), drafter=str(random_drafter_dir), block_len=16)
