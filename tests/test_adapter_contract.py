@@ -53,14 +53,17 @@ def test_cached_logits_equal_full_recomputation():
     got2 = session.block_logits(nxt[None])[0]
     ref2 = full_logits(adapter, prompt[: 2 * L] + finished.tolist() + nxt.tolist())[3 * L :]
     torch.testing.assert_close(got2, ref2, rtol=0, atol=1e-4)
-    assert session.nfe.prefill == 1 and session.nfe.rounds == 2 and session.nfe.store == 1
-    assert session.nfe.total == 4
+    # The prompt blocks and the finished block rode along with the two block forwards: 2 NFE in all.
+    assert session.nfe.prefill == 0 and session.nfe.rounds == 2 and session.nfe.store == 0
+    assert session.nfe.total == 2
+    assert session.prefix_kv[0][0].shape[-2] == 3 * L  # both were stored
 
 
 def test_replica_logits_equal_each_state_alone_and_cache_unchanged():
     adapter = make_adapter(seed=3)
     gen = torch.Generator().manual_seed(7)
     session, _ = adapter.open(torch.randint(5, V, (3 * L,), generator=gen).tolist())
+    session.block_logits(random_state(gen, 8)[None])  # stores the prompt blocks
     before = [(k.clone(), v.clone()) for k, v in session.prefix_kv]
     states = torch.stack([random_state(gen, n) for n in (8, 5, 3, 1, 0)])
     batched = session.block_logits(states)
@@ -73,7 +76,7 @@ def test_replica_logits_equal_each_state_alone_and_cache_unchanged():
     for (k0, v0), (k1, v1) in zip(before, after, strict=True):
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
     assert session.block_start == 3 * L
-    assert session.nfe.rounds == 1 + states.shape[0]
+    assert session.nfe.rounds == 2 + states.shape[0]
 
 
 def test_replica_states_really_differ():
@@ -86,6 +89,20 @@ def test_replica_states_really_differ():
     out = session.block_logits(torch.stack([a, b]))
     assert not torch.allclose(out[0, 1:], out[1, 1:])
     torch.testing.assert_close(out[0], session.block_logits(a[None])[0], rtol=0, atol=1e-4)
+
+
+def test_pending_prompt_rides_with_replicas():
+    """A first forward with several replicas stores the prompt blocks exactly once and still isolates replicas."""
+    adapter = make_adapter(seed=2)
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(5, V, (2 * L,), generator=gen).tolist()
+    states = torch.stack([random_state(gen, n) for n in (8, 4, 2)])
+    s1, _ = adapter.open(prompt)
+    batched = s1.block_logits(states)
+    for r in range(3):
+        ref = full_logits(adapter, prompt + states[r].tolist())[2 * L :]
+        torch.testing.assert_close(batched[r], ref, rtol=0, atol=1e-4)
+    assert s1.prefix_kv[0][0].shape[-2] == 2 * L and s1.nfe.total == 1
 
 
 def test_empty_prompt_opens_without_prefill():

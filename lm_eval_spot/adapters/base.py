@@ -31,9 +31,10 @@ class TargetInfo:
 class NFECounter:
     """Target forward passes of one request, by kind. Every forward counts, whatever its batch shape."""
 
-    prefill: int = 0
-    rounds: int = 0  # forwards on active-block states (a batched verification forward is one)
-    store: int = 0  # forwards that store a finished block in the prefix cache
+    prefill: int = 0  # standalone forwards that only fill the prefix cache
+    rounds: int = 0  # forwards on active-block states (a batched verification forward is one); an adapter
+    # may let pending prompt/finished blocks ride along with one of these to fill its cache
+    store: int = 0  # standalone forwards that store a finished block
 
     @property
     def total(self) -> int:
@@ -60,7 +61,8 @@ class TargetSession(Protocol):
         ...
 
     def commit_block(self, block: torch.Tensor) -> None:
-        """Append a finished block [L] to the prefix cache and advance to the next block. Counts one NFE."""
+        """Append a finished block [L] to the prefix and advance to the next block. An adapter either stores it
+        with a forward of its own (counted in `store`) or with the next `block_logits` forward."""
         ...
 
 
@@ -68,6 +70,6 @@ class TargetAdapter(Protocol):
     info: TargetInfo
 
     def open(self, prompt_ids: list[int]) -> tuple[TargetSession, list[int]]:
-        """Prefill the prompt. Returns the session and the prompt tokens that sit in the first active block
-        (with grid origin zero: the prompt's tail after its last complete block; they are never masked)."""
+        """Start a request on the prompt. Returns the session and the prompt tokens that sit in the first active
+        block (with grid origin zero: the prompt's tail after its last complete block; they are never masked)."""
         ...

@@ -20,26 +20,60 @@ log = logging.getLogger(__name__)
 
 
 class BlockCausalSession:
-    """One request: the prefix cache (complete blocks only) and the NFE counter."""
+    """One request: the prefix cache and the NFE counter.
 
-    def __init__(self, adapter: BlockCausalAdapter) -> None:
+    Finished blocks (and the prompt's complete blocks) are not stored by a forward of their own: they wait as
+    pending ids and ride along with the next forward on the active block, which writes their KV into the cache.
+    That saves one target forward per block, for every method alike; the generation's last block is never stored.
+    """
+
+    def __init__(self, adapter: BlockCausalAdapter, pending: list[int]) -> None:
         self._adapter = adapter
         self._kv: KV | None = None
-        self._len = 0
+        self._len = 0  # cached positions
+        self._pending = list(pending)  # complete blocks after the cache, not yet forwarded
         self.nfe = NFECounter()
 
     @property
     def block_start(self) -> int:
-        return self._len
+        return self._len + len(self._pending)
 
     @property
     def prefix_kv(self) -> KV | None:
+        """The cached prefix (complete blocks already forwarded); pending blocks are not in it yet."""
         return self._kv
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, allowed_new: torch.Tensor, store: bool):
-        """Run the model on `ids` [N] at `positions` [N]; the prefix is visible to every query.
+    def block_logits(self, states: torch.Tensor) -> torch.Tensor:
+        R, L = states.shape
+        if L != self._adapter.info.block_len:
+            raise ValueError(f"states must have block length {self._adapter.info.block_len}, got {L}")
+        P = len(self._pending)
+        pend_pos = torch.arange(self._len, self._len + P)
+        pos = torch.cat([pend_pos, (self.block_start + torch.arange(L)).repeat(R)])
+        ids = torch.cat([torch.tensor(self._pending, dtype=torch.long), states.reshape(-1).long()])
+        # Pending tokens: block-causal among themselves. Replica r: all pending tokens + its own block only.
+        rep = torch.cat([torch.full((P,), -1), torch.arange(R).repeat_interleave(L)])
+        allowed_new = rep[:, None] == rep[None, :]
+        allowed_new[:P, :P] = block_causal_allowed(pend_pos, pend_pos, L)
+        allowed_new[P:, :P] = True
+        logits, kv = self._forward(ids, pos, allowed_new, store=P > 0)
+        if kv is not None:
+            keep = self._len + P
+            self._kv = [(k[..., :keep, :].clone(), v[..., :keep, :].clone()) for k, v in kv]
+            self._len, self._pending = keep, []
+        self.nfe.rounds += 1
+        return logits[P:].view(R, L, -1)
 
-        allowed_new [N, N]: which new tokens each new token may attend. Returns (logits [N, V], new kv or None).
+    def commit_block(self, block: torch.Tensor) -> None:
+        """Queue a finished block; its KV is written by the next forward (no forward of its own, no NFE)."""
+        if block.shape[0] != self._adapter.info.block_len:
+            raise ValueError("commit_block takes one complete block")
+        self._pending.extend(block.tolist())
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, allowed_new: torch.Tensor, store: bool):
+        """Run the model on `ids` [N] at `positions` [N]; the cached prefix is visible to every query.
+
+        allowed_new [N, N]: which new tokens each new token may attend. Returns (logits [N, V], kv or None).
         """
         model = self._adapter.model
         dev = self._adapter.device
@@ -58,35 +92,6 @@ class BlockCausalSession:
         logits = out.logits[0].float()
         return logits, (read_cache(out.past_key_values) if store else None)
 
-    def prefill(self, ids: list[int]) -> None:
-        """Store complete blocks (len(ids) a multiple of L) block-causally. Counts one NFE."""
-        L = self._adapter.info.block_len
-        if not ids:
-            return
-        if len(ids) % L:
-            raise ValueError("prefill takes complete blocks only")
-        pos = torch.arange(self._len, self._len + len(ids))
-        _, kv = self._forward(torch.tensor(ids), pos, block_causal_allowed(pos, pos, L), store=True)
-        self._kv, self._len = kv, self._len + len(ids)
-        self.nfe.prefill += 1
-
-    def block_logits(self, states: torch.Tensor) -> torch.Tensor:
-        R, L = states.shape
-        if L != self._adapter.info.block_len:
-            raise ValueError(f"states must have block length {self._adapter.info.block_len}, got {L}")
-        pos = (self._len + torch.arange(L)).repeat(R)
-        rep = torch.arange(R).repeat_interleave(L)
-        logits, _ = self._forward(states.reshape(-1), pos, rep[:, None] == rep[None, :], store=False)
-        self.nfe.rounds += 1
-        return logits.view(R, L, -1)
-
-    def commit_block(self, block: torch.Tensor) -> None:
-        L = self._adapter.info.block_len
-        pos = self._len + torch.arange(L)
-        _, kv = self._forward(block, pos, torch.ones(L, L, dtype=torch.bool), store=True)
-        self._kv, self._len = kv, self._len + L
-        self.nfe.store += 1
-
 
 class BlockCausalAdapter:
     """Adapter for a causal-LM class that accepts 4D additive masks, position ids and a DynamicCache."""
@@ -102,6 +107,4 @@ class BlockCausalAdapter:
     def open(self, prompt_ids: list[int]) -> tuple[BlockCausalSession, list[int]]:
         L = self.info.block_len
         n_full = len(prompt_ids) // L * L
-        session = BlockCausalSession(self)
-        session.prefill(list(prompt_ids[:n_full]))
-        return session, list(prompt_ids[n_full:])
+        return BlockCausalSession(self, list(prompt_ids[:n_full])), list(prompt_ids[n_full:])
