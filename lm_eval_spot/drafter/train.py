@@ -202,9 +202,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=TrainConfig.batch)
     ap.add_argument("--minutes", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="torch threads (use 1 when another job shares the cores: OpenMP spin-waits collapse)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(max(1, args.threads))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     cfg = TrainConfig(steps=args.steps, batch=args.batch, minutes=args.minutes, seed=args.seed)
