@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+# The lm_eval console script of the interpreter running the tests (a venv need not be activated).
+LM_EVAL = str(Path(sys.executable).with_name("lm_eval")) if Path(sys.executable).with_name("lm_eval").exists() \
+    else (shutil.which("lm_eval") or "lm_eval")
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run(["lm_eval", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
+    return subprocess.run([LM_EVAL, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
 
 
 def test_lm_eval_cli_runs_spot_dlm_on_plugin_task(tiny_target_dir, tmp_path):

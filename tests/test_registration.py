@@ -85,8 +85,9 @@ def test_non_editable_wheel_works(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, timeout=300)
-    venv_site = sysconfig.get_paths()["purelib"]
-    code = (f"import site; site.addsitedir({str(target)!r}); site.addsitedir({venv_site!r}); "
+    # Every site dir of this interpreter (a venv with system site-packages has two), after the wheel's.
+    sites = [str(target)] + [p for p in sys.path if p.endswith("site-packages")]
+    code = (f"import site; [site.addsitedir(p) for p in {sites!r}]; "
             "import lm_eval_spot, json; from lm_eval_spot.registration import tasks_dir; "
             "from lm_eval.api.registry import get_model; from lm_eval.tasks import TaskManager; "
             "tm = TaskManager(include_defaults=False); "
