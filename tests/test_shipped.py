@@ -1,0 +1,45 @@
+"""The shipped embedded target (and drafter): real decoding, expected accuracy band, SPOT exactness on it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from lm_eval.api.instance import Instance
+
+from lm_eval_spot.arith.generator import make_prompt, make_split
+from lm_eval_spot.config import default_drafter_path, default_target_path
+from lm_eval_spot.lm import SpotDLM
+
+N = 10
+
+
+def requests(**gen) -> list[Instance]:
+    docs = make_split("test", N)
+    kw = {"until": ["Q:", "<|endoftext|>"], "max_gen_toks": 256, **gen}
+    return [Instance("generate_until", d, (make_prompt(d["question"]), dict(kw)), i) for i, d in enumerate(docs)]
+
+
+def accuracy(outputs: list[str]) -> float:
+    finals = [d["final"] for d in make_split("test", N)]
+    got = [re.search(r"#### (-?\d+)", o) for o in outputs]
+    return sum(g is not None and int(g.group(1)) == int(f) for g, f in zip(got, finals, strict=True)) / N
+
+
+def test_shipped_target_solves_test_problems():
+    assert (default_target_path() / "model.safetensors").is_file()
+    lm = SpotDLM(mode="control")
+    out = lm.generate_until(requests())
+    assert accuracy(out) >= 0.7  # 0.92 over all 500 (model card)
+    info = lm.get_model_info()["spot"]
+    assert info["gen_tokens_per_sample"] >= 64  # decodes span more than two blocks of 32
+
+
+@pytest.mark.skipif(not (default_drafter_path() / "drafter.json").is_file(), reason="no shipped drafter")
+@pytest.mark.parametrize("gen", [{}, {"do_sample": True, "temperature": 1.0}])
+def test_shipped_drafter_is_exact_and_saves_forwards(gen):
+    lm = SpotDLM(mode="spot", budget=8, control="paired", seed=1234)
+    lm.generate_until(requests(**gen))
+    info = lm.get_model_info()["spot"]
+    assert info["exact_match_to_control"] == 1.0
+    assert info["nfe_reduction"] > 2.0
