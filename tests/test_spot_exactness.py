@@ -41,12 +41,13 @@ class OracleProposer:
         self.last_state: torch.Tensor | None = None
 
     def propose(self, ctx: RoundContext) -> DraftTree:
-        # Find the block by matching the root against the recorded trajectories.
-        done = int((ctx.state != ctx.mask_id).sum() - ctx.committed_before.sum())
-        for b, seq in self.commits.items():
-            st = ctx.state.clone()
-            if all(st[p] == t for p, t in seq[:done]) and all(st[p] == ctx.mask_id for p, _ in seq[done:]):
-                fut = seq[done:]
+        # Find the block by matching the root against the recorded trajectories (its first `done` commits).
+        for seq in self.commits.values():
+            done = sum(int(ctx.state[p]) == t for p, t in seq)
+            fut = seq[done:]
+            if fut and all(int(ctx.state[p]) == t for p, t in seq[:done]) and all(
+                int(ctx.state[p]) == ctx.mask_id for p, _ in fut
+            ):
                 break
         else:
             return DraftTree.empty()

@@ -91,7 +91,6 @@ def decode(
         state = torch.full((L,), mask_id, dtype=torch.long)
         if block == 0 and tail:
             state[: len(tail)] = torch.tensor(tail, dtype=torch.long)
-        committed_before = state != mask_id
         gumbel = gumbel_rows(seed, block, L, info.vocab_size) if cfg.temperature > 0 else None
         stale: torch.Tensor | None = None
         while True:
@@ -101,7 +100,7 @@ def decode(
             tree = DraftTree.empty()
             if proposer is not None and stale is not None:
                 tree = proposer.propose(
-                    RoundContext(state, eligible, committed_before, stale, cfg.temperature, gumbel, mask_id)
+                    RoundContext(state, eligible, state != mask_id, stale, cfg.temperature, gumbel, mask_id)
                 )
             states = compile_states(state, tree)
             logits = session.block_logits(states)

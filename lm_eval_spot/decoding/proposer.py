@@ -19,7 +19,7 @@ class RoundContext:
 
     state: torch.Tensor  # [L] current block state (mask id where masked)
     eligible: torch.Tensor  # [L] bool: masked slots inside the generation window
-    committed_before: torch.Tensor  # [L] bool: slots that held a token when the block's first round ran
+    committed_before: torch.Tensor  # [L] bool: slots that hold a token at the start of this round
     stale_logits: torch.Tensor  # [L, V] the most recent target logits of this block (one commit stale)
     temperature: float
     gumbel: torch.Tensor | None  # [L, V] the block's shared noise rows (T > 0), else None
