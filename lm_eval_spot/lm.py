@@ -71,21 +71,25 @@ class SpotDLM(LM):
         out: list[str] = []
         bar = tqdm(jobs, desc=f"spot-dlm [{self.args.mode}]", disable=disable_tqdm or self.rank != 0)
         for i, job in enumerate(bar):
-            if self.paired is not None and i % 2 == 1:
-                # Alternate which method runs first, so machine drift cancels in the paired ratios.
-                ctrl = self._generate_one(job.context, job.cfg, job.seed, job.until, self_proposer=False)[1]
-            text, result = self._generate_one(job.context, job.cfg, job.seed, job.until)
-            if self.paired is not None:
-                if i % 2 == 0:
-                    ctrl = self._generate_one(job.context, job.cfg, job.seed, job.until, self_proposer=False)[1]
-                self.paired.add(result, ctrl)
+            text, result = self._generate_job(job, control_first=i % 2 == 1)
             out.append(text)
             self._record(result, job.cfg.temperature)
             self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
-            bar.set_postfix(nfe=f"{self.stats.summary()['nfe_per_sample']:.1f}")
+            bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
         if jobs:
             log.info("spot-dlm run summary\n%s", format_summary(self.get_model_info()["spot"]))
         return out
+
+    def _generate_job(self, job: _Job, control_first: bool) -> tuple[str, DecodeResult]:
+        """Decode one request; with paired control, also decode it draft-free (alternating which runs first,
+        so machine drift cancels in the paired ratios)."""
+        if self.paired is None:
+            return self._generate_one(job.context, job.cfg, job.seed, job.until)
+        runs = {}
+        for use_proposer in (False, True) if control_first else (True, False):
+            runs[use_proposer] = self._generate_one(job.context, job.cfg, job.seed, job.until, use_proposer)
+        self.paired.add(runs[True][1], runs[False][1])
+        return runs[True]
 
     def _plan(self, requests: list[Any]) -> list[_Job]:
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
@@ -114,7 +118,7 @@ class SpotDLM(LM):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _generate_one(
-        self, context: str, cfg: DecodeConfig, seed: int, until: list[str], self_proposer: bool = True
+        self, context: str, cfg: DecodeConfig, seed: int, until: list[str], use_proposer: bool = True
     ) -> tuple[str, DecodeResult]:
         result = decode(
             self.adapter,
@@ -122,7 +126,7 @@ class SpotDLM(LM):
             cfg,
             seed,
             stop_check=make_stop_check(self.decode_ids, until),
-            proposer=self.proposer if self_proposer else None,
+            proposer=self.proposer if use_proposer else None,
         )
         return cut_text(self.decode_ids(result.token_ids), until), result
 

@@ -29,14 +29,21 @@ class RunStats:
     budget: int | None = None
     temperature: float | None = None
     samples: list[SampleStats] = field(default_factory=list)
+    _nfe_sum: int = 0
 
     def add(self, s: SampleStats, temperature: float) -> None:
         self.samples.append(s)
+        self._nfe_sum += s.nfe
         # A run mixing temperatures reports "mixed": the ratios below are only meaningful per temperature.
         if self.temperature is None or self.temperature == temperature:
             self.temperature = temperature
         else:
             self.temperature = float("nan")
+
+    @property
+    def nfe_mean(self) -> float:
+        """Running NFE per sample, kept as a counter so a progress bar can show it on every request cheaply."""
+        return self._nfe_sum / len(self.samples) if self.samples else 0.0
 
     def summary(self) -> dict[str, Any]:
         n = len(self.samples)

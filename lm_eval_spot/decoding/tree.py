@@ -34,12 +34,6 @@ class DraftTree:
     def empty() -> DraftTree:
         return DraftTree((), (), ())
 
-    def depth(self, node: int) -> int:
-        d = 0
-        while node != 0:
-            node = self.parent[node - 1]
-            d += 1
-        return d
 
 
 def compile_states(root: torch.Tensor, tree: DraftTree) -> torch.Tensor:
