@@ -1,11 +1,15 @@
-"""Decoding-dynamics report of a target on a task: what a drafter could learn (paper section 3.1).
+"""Decoding-dynamics report of a target on a task: the paper's section 3.1 measures, on any target.
 
-    python -m lm_eval_spot.analysis [--target PATH] [--n 500] [--out report.json]
+    python -m lm_eval_spot.analysis [--target PATH] [--drafter PATH] [--n 200] [--budget 8] [--out report.json]
 
-Runs control decoding at T=0 on the spot_arith test split (or --prompts-file) and reports, over all rounds:
-how often the next commit is the leftmost masked slot, how often the previous forward's most confident
-remaining slot is committed next, how often the stale argmax token is the committed one, the stale top-8
-coverage of the next commit, and the generated length.
+Runs on the spot_arith test split (or --prompts-file), at T=0:
+* control decoding, observed at every commit: by block index, how often the stale argmax token is the committed
+  one, how often the previous forward's most confident remaining slot is committed next, how often the stale
+  top-8 slots cover the next commit, and how often the next commit is the leftmost masked slot;
+* the joint oracle (true order and tokens from that control run) at budgets {4, 8, 12, 20}: the NFE and
+  wall-clock ceilings;
+* SPOT at --budget: the accepted length per round and the cause of each round's first rejection (position miss,
+  token miss, budget exhausted, block end).
 """
 
 from __future__ import annotations
@@ -14,32 +18,144 @@ import argparse
 import json
 import logging
 import statistics
+from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder
+from lm_eval_spot.decoding.tree import DraftTree
+
+log = logging.getLogger(__name__)
+
+CAUSES = ("position_miss", "token_miss", "budget_exhausted", "block_end")
 
 
-def dynamics(traj: Trajectories) -> dict[str, float]:
-    """Rates over rounds; 'stale' statistics use rounds with a previous round in the same block."""
-    R = traj.pos.shape[0]
-    elig = traj.eligible
-    leftmost = torch.where(elig, torch.arange(elig.shape[1]).expand_as(elig), elig.shape[1]).min(-1).values
-    has_prev = torch.zeros(R, dtype=torch.bool)
-    has_prev[1:] = traj.block_id[1:] == traj.block_id[:-1]
-    r = torch.arange(R)[has_prev]
-    stale_conf = traj.topk[r - 1, :, 0].float().masked_fill(~elig[r], -1.0)
-    prev_top = stale_conf.argmax(-1)
-    top8 = stale_conf.topk(min(8, stale_conf.shape[1]), -1).indices
-    stale_tok = traj.top1[r - 1, traj.pos[r]].long()
+class DynamicsObserver:
+    """Control-run observer: per block index, hit counts of the stale-conditional predictors (float32)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, Counter[str]] = defaultdict(Counter)
+        self._prev: tuple[int, torch.Tensor] | None = None
+
+    def on_commit(self, block, state, eligible, logits, pos, tok) -> None:
+        c = self.counts[block]
+        c["rounds"] += 1
+        slots = eligible.nonzero().flatten()
+        c["leftmost"] += int(pos == int(slots.min()))
+        if self._prev is not None and self._prev[0] == block:
+            stale = self._prev[1]
+            conf = torch.softmax(stale, -1).amax(-1).masked_fill(~eligible, -1.0)
+            c["stale_rounds"] += 1
+            c["prev_top_conf_next"] += int(int(conf.argmax()) == pos)  # argmax: lowest slot on ties, as the target
+            c["top8_cover"] += int(pos in conf.topk(min(8, int(eligible.sum()))).indices.tolist())
+            c["stale_argmax_token"] += int(int(stale[pos].argmax()) == tok)
+        self._prev = (block, logits.float().clone())
+
+
+class RejectionObserver:
+    """SPOT-run observer: accepted length per round and the cause of the first rejection."""
+
+    def __init__(self) -> None:
+        self.accepted: Counter[int] = Counter()
+        self.causes: Counter[str] = Counter()
+
+    def on_commit(self, *args: Any) -> None:
+        pass
+
+    def on_verify(self, block: int, tree: DraftTree, path: list[int], tpos: torch.Tensor, ttok: torch.Tensor) -> None:
+        if not tree.size:
+            return  # a round that drafted nothing (a block's first round) has nothing to reject
+        self.accepted[len(path)] += 1
+        self.causes[rejection_cause(tree, path, tpos)] += 1
+
+
+def rejection_cause(tree: DraftTree, path: list[int], tpos: torch.Tensor) -> str:
+    last = path[-1] if path else 0
+    if int(tpos[last]) < 0:
+        return "block_end"
+    kids = [j + 1 for j, p in enumerate(tree.parent) if p == last]
+    if not kids:
+        return "budget_exhausted"
+    if any(tree.pos[k - 1] == int(tpos[last]) for k in kids):
+        return "token_miss"
+    return "position_miss"
+
+
+def _rates(c: Counter[str]) -> dict[str, float]:
+    s = max(1, c["stale_rounds"])
     return {
-        "rounds": R,
-        "leftmost_next_rate": float((traj.pos == leftmost).float().mean()),
-        "prev_top_conf_next_rate": float((prev_top == traj.pos[r]).float().mean()),
-        "prev_top8_conf_covers_next_rate": float((top8 == traj.pos[r, None]).any(-1).float().mean()),
-        "stale_argmax_token_rate": float((stale_tok == traj.tok[r]).float().mean()),
+        "rounds": c["rounds"],
+        "leftmost_next_rate": c["leftmost"] / max(1, c["rounds"]),
+        "stale_argmax_token_rate": c["stale_argmax_token"] / s,
+        "prev_top_conf_next_rate": c["prev_top_conf_next"] / s,
+        "prev_top8_conf_covers_next_rate": c["top8_cover"] / s,
+    }
+
+
+def analyse(loaded: Any, prompts: list[str], drafter_path: Path, budget: int, oracle_budgets: tuple[int, ...],
+            max_gen_toks: int) -> dict[str, Any]:
+    from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
+    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+    from lm_eval_spot.drafter.model import load_drafter
+    from lm_eval_spot.methods import MethodSpec, make_proposer
+
+    ad = loaded.adapter
+    cfg = DecodeConfig(max_gen_toks=max_gen_toks)
+    spot = make_proposer(MethodSpec("spot", budget), load_drafter(drafter_path, ad.info.block_len)[0])
+    dyn = DynamicsObserver()
+    rej = RejectionObserver()
+    control_nfe, control_wall, lengths = [], [], []
+    oracle_nfe: dict[int, list[int]] = defaultdict(list)
+    oracle_ratio: dict[int, list[float]] = defaultdict(list)
+    spot_nfe = []
+    for i, prompt in enumerate(tqdm(prompts, desc="analysis (control, oracle, SPOT)")):
+        ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        dyn._prev = None
+        commits = CommitLog()
+
+        class Both:
+            def on_commit(self, *a: Any) -> None:
+                dyn.on_commit(*a)
+                commits.on_commit(*a)
+
+        ctrl = decode(ad, ids, cfg, seed=i, observer=Both())
+        control_nfe.append(ctrl.nfe.total)
+        lengths.append(len(ctrl.token_ids))
+        plain = decode(ad, ids, cfg, seed=i)  # timed without the observer's work
+        control_wall.append(plain.wall_s)
+        for D in oracle_budgets:
+            r = decode(ad, ids, cfg, seed=i, proposer=OracleProposer(commits, D))
+            oracle_nfe[D].append(r.nfe.total)
+            oracle_ratio[D].append(plain.wall_s / r.wall_s)
+        spot_nfe.append(decode(ad, ids, cfg, seed=i, proposer=spot, observer=rej).nfe.total)
+    total = Counter()
+    for c in dyn.counts.values():
+        total.update(c)
+    cnfe = statistics.mean(control_nfe)
+    n_rounds = sum(rej.accepted.values())
+    return {
+        "samples": len(prompts),
+        "block_len": ad.info.block_len,
+        "median_generated_tokens": statistics.median(lengths),
+        "control_nfe_per_sample": cnfe,
+        "dynamics": _rates(total),
+        "dynamics_by_block": {str(b): _rates(c) for b, c in sorted(dyn.counts.items())},
+        "oracle": {
+            str(D): {"nfe_per_sample": statistics.mean(v), "nfe_reduction": cnfe / statistics.mean(v),
+                     "throughput_ratio_median": statistics.median(oracle_ratio[D])}
+            for D, v in oracle_nfe.items()
+        },
+        "spot": {
+            "budget": budget,
+            "nfe_per_sample": statistics.mean(spot_nfe),
+            "nfe_reduction": cnfe / statistics.mean(spot_nfe),
+            "drafting_rounds": n_rounds,
+            "accepted_length_histogram": {str(k): v for k, v in sorted(rej.accepted.items())},
+            "mean_accepted_per_round": sum(k * v for k, v in rej.accepted.items()) / max(1, n_rounds),
+            "first_rejection_cause_rate": {c: rej.causes[c] / max(1, n_rounds) for c in CAUSES},
+        },
     }
 
 
@@ -47,16 +163,18 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.analysis", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target checkpoint folder (default: the embedded target)")
+    ap.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
     ap.add_argument("--prompts-file", default=None, help="JSONL with a 'prompt' field (default: spot_arith test)")
-    ap.add_argument("--n", type=int, default=500)
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--budget", type=int, default=8, help="SPOT budget for accepted lengths and rejection causes")
+    ap.add_argument("--oracle-budgets", default="4,8,12,20")
     ap.add_argument("--block-len", type=int, default=None)
     ap.add_argument("--max-gen-toks", type=int, default=256)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from lm_eval_spot.config import parse_args
-    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+    from lm_eval_spot.config import default_drafter_path, parse_args
     from lm_eval_spot.loading import load_target
 
     if args.prompts_file:
@@ -69,29 +187,13 @@ def main(argv: list[str] | None = None) -> None:
     raw = {"mode": "control", **({"pretrained": args.target} if args.target else {}),
            **({"block_len": args.block_len} if args.block_len else {})}
     loaded = load_target(parse_args(raw))
-    cfg = DecodeConfig(max_gen_toks=args.max_gen_toks)
-    parts, lengths, nfe = [], [], []
-    for i, prompt in enumerate(tqdm(prompts, desc="control decoding (T=0)")):
-        rec = TrajectoryRecorder(i, block_offset=i * 1000)
-        ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        res = decode(loaded.adapter, ids, cfg, seed=0, observer=rec)
-        lengths.append(len(res.token_ids))
-        nfe.append(res.nfe.total)
-        t = rec.result(loaded.adapter.info.mask_id)
-        if t is not None:
-            parts.append(t)
-    report = {
-        "target": args.target or "embedded",
-        "block_len": loaded.adapter.info.block_len,
-        "samples": len(prompts),
-        "median_generated_tokens": statistics.median(lengths),
-        "mean_nfe_control": statistics.mean(nfe),
-        **dynamics(Trajectories.concat(parts)),
-    }
+    report = {"target": args.target or "embedded",
+              **analyse(loaded, prompts, Path(args.drafter or default_drafter_path()), args.budget,
+                        tuple(int(b) for b in args.oracle_budgets.split(",")), args.max_gen_toks)}
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
-    print(text)
+    log.info("analysis report%s\n%s", f" (written to {args.out})" if args.out else "", text)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-MODES = ("spot", "spot-gamma", "spot-chain", "control")
-DRAFTING_MODES = ("spot", "spot-gamma", "spot-chain")
+MODES = ("spot", "spot-gamma", "spot-chain", "conf-tree", "free-chain", "graph", "oracle", "control")
+DRAFTING_MODES = ("spot", "spot-gamma", "spot-chain", "conf-tree", "free-chain", "graph", "oracle")
+LEARNED_MODES = ("spot", "spot-gamma", "spot-chain")
+VERIFIERS = ("coupled", "rejection")
+CHAIN_MODES = ("spot-chain", "free-chain")
 CONTROL_OPTIONS = ("none", "paired")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -24,6 +27,11 @@ def default_target_path() -> Path:
 def default_drafter_path() -> Path:
     """The drafter trained for the embedded target, shipped inside the package."""
     return Path(__file__).parent / "assets" / "spot-arith-drafter"
+
+
+def default_graph_path() -> Path:
+    """The draft graph calibrated on the embedded target (mode=graph), shipped inside the package."""
+    return Path(__file__).parent / "assets" / "spot-arith-graph.json"
 
 
 def _as_bool(name: str, value: Any) -> bool:
@@ -61,9 +69,11 @@ class SpotArgs:
     trust_remote_code: bool = False
     seed: int | None = None  # base seed of the noise rows; default: the seed lm-eval gave torch
     drafter: str | None = None  # drafter folder; default: the shipped one (drafting modes only)
-    budget: int = 8  # D: drafted states verified per round
+    budget: int | str = 8  # D: drafted states verified per round, or "auto" (chosen per round from measured costs)
     gamma: float = 0.05  # mass floor, used by mode=spot-gamma
     control: str = "none"  # "paired": also run control on every request and report exactness and ratios
+    graph: str | None = None  # calibrated draft graph (mode=graph); default: the shipped one
+    verify: str = "coupled"  # "rejection": accept-residual sampling, chains only (exact in distribution)
 
 
 def accepted_args() -> list[str]:
@@ -111,7 +121,16 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
     if raw.get("drafter") is not None:
         args["drafter"] = str(raw["drafter"])
     if raw.get("budget") is not None:
-        args["budget"] = _as_int("budget", raw["budget"], 1)
+        if str(raw["budget"]).lower() == "auto":
+            args["budget"] = "auto"
+        else:
+            args["budget"] = _as_int("budget", raw["budget"], 1)
+    if raw.get("graph") is not None:
+        args["graph"] = str(raw["graph"])
+    verify = str(raw.get("verify", "coupled"))
+    if verify not in VERIFIERS:
+        raise SpotArgError(f"spot-dlm: verify={verify!r} is not known; accepted: {', '.join(VERIFIERS)}")
+    args["verify"] = verify
     if raw.get("gamma") is not None:
         try:
             gamma = float(raw["gamma"])
@@ -126,7 +145,24 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
     args["control"] = control
     out = SpotArgs(**args)
     _check_pretrained(out.pretrained)
-    if out.mode in DRAFTING_MODES:
+    if out.verify == "rejection" and out.mode not in CHAIN_MODES:
+        raise SpotArgError(
+            f"spot-dlm: verify=rejection needs a chain (a sequential proposal), not mode={out.mode}; "
+            f"accepted: mode in {', '.join(CHAIN_MODES)}, or verify=coupled"
+        )
+    if out.budget == "auto" and out.mode not in LEARNED_MODES:
+        raise SpotArgError(
+            f"spot-dlm: budget=auto reads the learned drafter's prefix masses; accepted with mode in "
+            f"{', '.join(LEARNED_MODES)}, or an integer budget"
+        )
+    if out.mode == "graph":
+        graph = Path(out.graph or default_graph_path()).expanduser()
+        if not graph.is_file():
+            raise SpotArgError(
+                f"spot-dlm: graph={str(graph)!r} is not a file; accepted: a JSON written by "
+                "python -m lm_eval_spot.baselines.graph"
+            )
+    if out.mode in LEARNED_MODES:
         drafter = Path(out.drafter or default_drafter_path()).expanduser()
         if not (drafter / "drafter.json").is_file():
             raise SpotArgError(

@@ -12,9 +12,11 @@ import torch
 from lm_eval.api.model import LM
 from tqdm import tqdm
 
+from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot.config import SpotArgs, parse_args
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, decode
 from lm_eval_spot.decoding.noise import mix_seed
+from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.loading import load_target
 from lm_eval_spot.methods import build_proposer
 from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary
@@ -45,9 +47,13 @@ class SpotDLM(LM):
         self.adapter = loaded.adapter
         self.tokenizer = loaded.tokenizer
         self.base_seed = self.args.seed if self.args.seed is not None else int(torch.initial_seed())
-        self.proposer = build_proposer(self.args, self.adapter.info.block_len)
-        self.stats = RunStats(mode=self.args.mode, budget=self.args.budget if self.proposer else None)
-        self.paired = PairedStats() if self.args.control == "paired" and self.proposer is not None else None
+        self.oracle = self.args.mode == "oracle"
+        self.proposer = build_proposer(self.args, self.adapter)
+        drafting = self.args.mode != "control"
+        self.stats = RunStats(mode=self.args.mode, budget=self.args.budget if drafting else None)
+        # The oracle needs the control run of each request anyway: it is always paired.
+        paired = drafting and (self.args.control == "paired" or self.oracle)
+        self.paired = PairedStats() if paired else None
         if self.args.batch_size > 1:
             log.info("batch_size=%d: requests are decoded one at a time (NFE and exactness are per request)",
                      self.args.batch_size)
@@ -84,10 +90,21 @@ class SpotDLM(LM):
         """Decode one request; with paired control, also decode it draft-free (alternating which runs first,
         so machine drift cancels in the paired ratios)."""
         if self.paired is None:
-            return self._generate_one(job.context, job.cfg, job.seed, job.until)
+            return self._generate_one(job.context, job.cfg, job.seed, job.until, self.proposer)
+        if self.oracle:
+            commits = CommitLog()
+            control = self._generate_one(job.context, job.cfg, job.seed, job.until, None, commits)
+            assert isinstance(self.args.budget, int)
+            drafted = self._generate_one(
+                job.context, job.cfg, job.seed, job.until, OracleProposer(commits, self.args.budget)
+            )
+            self.paired.add(drafted[1], control[1])
+            return drafted
         runs = {}
         for use_proposer in (False, True) if control_first else (True, False):
-            runs[use_proposer] = self._generate_one(job.context, job.cfg, job.seed, job.until, use_proposer)
+            runs[use_proposer] = self._generate_one(
+                job.context, job.cfg, job.seed, job.until, self.proposer if use_proposer else None
+            )
         self.paired.add(runs[True][1], runs[False][1])
         return runs[True]
 
@@ -118,7 +135,13 @@ class SpotDLM(LM):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _generate_one(
-        self, context: str, cfg: DecodeConfig, seed: int, until: list[str], use_proposer: bool = True
+        self,
+        context: str,
+        cfg: DecodeConfig,
+        seed: int,
+        until: list[str],
+        proposer: Proposer | None,
+        observer: CommitLog | None = None,
     ) -> tuple[str, DecodeResult]:
         result = decode(
             self.adapter,
@@ -126,7 +149,9 @@ class SpotDLM(LM):
             cfg,
             seed,
             stop_check=make_stop_check(self.decode_ids, until),
-            proposer=self.proposer if use_proposer else None,
+            proposer=proposer,
+            observer=observer,
+            verify=self.args.verify if proposer is not None else "coupled",
         )
         return cut_text(self.decode_ids(result.token_ids), until), result
 

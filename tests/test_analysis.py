@@ -2,22 +2,42 @@ from __future__ import annotations
 
 import torch
 
-from lm_eval_spot.analysis import dynamics
-from lm_eval_spot.drafter.data import Trajectories
+from lm_eval_spot.analysis import DynamicsObserver, main, rejection_cause
+from lm_eval_spot.decoding.tree import DraftTree
 
 
-def test_dynamics_rates_on_a_hand_made_trajectory():
-    # one block of 3 slots, commits 2, 0, 1; stale top-1 confidences favour slot 0 then slot 1
-    L = 3
-    committed = torch.tensor([[0, 0, 0], [0, 0, 1], [1, 0, 1]], dtype=torch.bool)
-    topk = torch.zeros(3, L, 32)
-    topk[0, :, 0] = torch.tensor([0.9, 0.5, 0.8])  # round 0 stale: best remaining after slot 2 -> slot 0 (hit)
-    topk[1, :, 0] = torch.tensor([0.1, 0.2, 0.3])  # round 1 stale: best remaining after slot 0 -> slot 1 (hit)
-    top1 = torch.tensor([[5, 6, 7], [5, 9, 7], [5, 6, 7]], dtype=torch.int32)
-    traj = Trajectories(topk.half(), top1, committed, ~committed, torch.tensor([2, 0, 1]), torch.tensor([7, 5, 6]),
-                        torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))
-    d = dynamics(traj)
-    assert d["rounds"] == 3
-    assert abs(d["leftmost_next_rate"] - 2 / 3) < 1e-6  # commits 0 and 1 were leftmost, 2 was not
-    assert d["prev_top_conf_next_rate"] == 1.0
-    assert d["stale_argmax_token_rate"] == 0.5  # slot 0 token 5 right; slot 1 stale said 9, got 6
+def test_dynamics_rates_on_hand_made_commits():
+    L, V = 3, 10
+    elig = torch.ones(L, dtype=torch.bool)
+    obs = DynamicsObserver()
+    logits0 = torch.zeros(L, V)
+    logits0[:, 5] = torch.tensor([4.0, 2.0, 9.0])  # next commit after slot 2: slot 0 (best remaining) token 5
+    obs.on_commit(0, None, elig, logits0, 2, 5)
+    e1 = torch.tensor([True, True, False])
+    logits1 = torch.zeros(L, V)
+    logits1[1, 6] = 3.0
+    obs.on_commit(0, None, e1, logits1, 0, 5)  # hit: stale top remaining slot 0, token 5
+    obs.on_commit(0, None, torch.tensor([False, True, False]), logits1, 1, 7)  # position hit, token miss (6 vs 7)
+    c = obs.counts[0]
+    assert c["rounds"] == 3 and c["stale_rounds"] == 2
+    assert c["prev_top_conf_next"] == 2 and c["stale_argmax_token"] == 1 and c["leftmost"] == 2
+
+
+def test_rejection_causes():
+    tree = DraftTree((0, 0, 1), (3, 4, 5), (9, 9, 9))  # root -> 1 (slot 3), root -> 2 (slot 4), 1 -> 3 (slot 5)
+    assert rejection_cause(tree, [], torch.tensor([6, -1, -1, -1])) == "position_miss"
+    assert rejection_cause(tree, [], torch.tensor([4, -1, -1, -1])) == "token_miss"  # right slot, wrong token
+    assert rejection_cause(tree, [1, 3], torch.tensor([3, 5, 0, 2])) == "budget_exhausted"
+    assert rejection_cause(tree, [1, 3], torch.tensor([3, 5, 0, -1])) == "block_end"
+
+
+def test_analysis_command_on_the_embedded_target(tmp_path):
+    out = tmp_path / "report.json"
+    main(["--n", "2", "--budget", "4", "--oracle-budgets", "4,20", "--max-gen-toks", "96", "--out", str(out)])
+    import json
+
+    rep = json.loads(out.read_text())
+    assert rep["samples"] == 2 and set(rep["oracle"]) == {"4", "20"}
+    assert rep["oracle"]["20"]["nfe_per_sample"] < rep["spot"]["nfe_per_sample"] < rep["control_nfe_per_sample"]
+    assert abs(sum(rep["spot"]["first_rejection_cause_rate"].values()) - 1.0) < 1e-9
+    assert "0" in rep["dynamics_by_block"] and 0 <= rep["dynamics"]["stale_argmax_token_rate"] <= 1

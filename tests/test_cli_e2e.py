@@ -43,4 +43,4 @@ def test_lm_eval_cli_rejects_bad_mode_with_one_line(tiny_target_dir, tmp_path):
     out = run_cli(["--model", "spot-dlm", "--model_args", f"pretrained={tiny_target_dir},mode=bogus",
                    "--tasks", "spot_arith_mini", "--limit", "1", "--device", "cpu"], cwd=tmp_path)
     assert out.returncode != 0
-    assert "mode='bogus' is not known; accepted: spot, spot-gamma, spot-chain, control" in out.stderr
+    assert "mode='bogus' is not known; accepted: spot, spot-gamma, spot-chain, conf-tree, free-chain, graph, oracle, control" in out.stderr

@@ -77,7 +77,7 @@ def test_chat_template(lm):
 @pytest.mark.parametrize(
     "kwargs,needle",
     [
-        ({"mode": "turbo"}, "mode='turbo' is not known; accepted: spot, spot-gamma, spot-chain, control"),
+        ({"mode": "turbo"}, "mode='turbo' is not known; accepted: spot, spot-gamma, spot-chain, conf-tree, free-chain, graph, oracle, control"),
         ({"blocklen": 4}, "unknown model argument.*blocklen.*accepted"),
         ({"block_len": 0}, "block_len=0.*integers >= 1"),
         ({"block_len": "abc"}, "block_len='abc'.*integer"),

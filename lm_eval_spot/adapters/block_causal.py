@@ -1,9 +1,8 @@
 """Block-causal targets (SDAR-style) on a native transformers causal-LM class with an exact prefix KV cache.
 
 Blocks are aligned to absolute position 0 (grid origin zero): complete prompt blocks are prefilled, the prompt's
-tail shares the first active block. R replica states of the active block are packed into ONE sequence of R*L
-queries against the shared prefix; a block-diagonal mask keeps each replica to the prefix and itself, and the
-position ids of every replica restart at the block's start, so each replica sees exactly its own state.
+tail shares the first active block. R replica states of the active block are R rows of ONE batched forward against
+the shared prefix (expanded, not copied, across rows), so each replica sees exactly the prefix and its own state.
 """
 
 from __future__ import annotations
@@ -49,20 +48,21 @@ class BlockCausalSession:
             raise ValueError(f"states must have block length {self._adapter.info.block_len}, got {L}")
         P = len(self._pending)
         pend_pos = torch.arange(self._len, self._len + P)
-        pos = torch.cat([pend_pos, (self.block_start + torch.arange(L)).repeat(R)])
-        ids = torch.cat([torch.tensor(self._pending, dtype=torch.long), states.reshape(-1).long()])
-        # Pending tokens: block-causal among themselves. Replica r: all pending tokens + its own block only.
-        rep = torch.cat([torch.full((P,), -1), torch.arange(R).repeat_interleave(L)])
-        allowed_new = rep[:, None] == rep[None, :]
+        pos = torch.cat([pend_pos, self.block_start + torch.arange(L)])
+        pending = torch.tensor(self._pending, dtype=torch.long)
+        # One batch row per replica: [pending blocks ; replica state]. Rows share the prefix cache, so attention
+        # cost grows linearly with R (one packed sequence would grow it quadratically).
+        ids = torch.cat([pending.expand(R, P), states.long()], dim=1)
+        allowed_new = torch.ones(P + L, P + L, dtype=torch.bool)
         allowed_new[:P, :P] = block_causal_allowed(pend_pos, pend_pos, L)
-        allowed_new[P:, :P] = True
+        allowed_new[:P, P:] = False
         logits, kv = self._forward(ids, pos, allowed_new, store=P > 0)
         if kv is not None:
             keep = self._len + P
-            self._kv = [(k[..., :keep, :].clone(), v[..., :keep, :].clone()) for k, v in kv]
+            self._kv = [(k[:1, :, :keep, :].clone(), v[:1, :, :keep, :].clone()) for k, v in kv]
             self._len, self._pending = keep, []
         self.nfe.rounds += 1
-        return logits[P:].view(R, L, -1)
+        return logits[:, P:]
 
     def commit_block(self, block: torch.Tensor) -> None:
         """Queue a finished block; its KV is written by the next forward (no forward of its own, no NFE)."""
@@ -71,25 +71,27 @@ class BlockCausalSession:
         self._pending.extend(block.tolist())
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, allowed_new: torch.Tensor, store: bool):
-        """Run the model on `ids` [N] at `positions` [N]; the cached prefix is visible to every query.
+        """Run the model on `ids` [R, N] at `positions` [N] (same for every row); the cached prefix is visible
+        to every query.
 
-        allowed_new [N, N]: which new tokens each new token may attend. Returns (logits [N, V], kv or None).
+        allowed_new [N, N]: which new tokens each new token may attend. Returns (logits [R, N, V], kv or None).
         """
         model = self._adapter.model
         dev = self._adapter.device
-        n = ids.shape[0]
+        R, n = ids.shape
         allowed = torch.cat([torch.ones(n, self._len, dtype=torch.bool), allowed_new], dim=1)
-        mask = allowed_to_additive(allowed, self._adapter.dtype).unsqueeze(0).to(dev)
-        cache = make_cache(self._kv)
+        mask = allowed_to_additive(allowed, self._adapter.dtype).unsqueeze(0).to(dev).expand(R, -1, -1, -1)
+        cache = make_cache(self._kv, batch=R)
         with torch.no_grad():
             out = model(
-                input_ids=ids.unsqueeze(0).to(dev),
+                input_ids=ids.to(dev),
                 attention_mask=mask,
-                position_ids=positions.unsqueeze(0).to(dev),
+                position_ids=positions.unsqueeze(0).expand(R, -1).to(dev),
                 past_key_values=cache,
                 use_cache=True,
             )
-        logits = out.logits[0].float()
+        # The decoding loop (transition, verification, drafting) runs on the CPU: logits come back there.
+        logits = out.logits.float().cpu()
         return logits, (read_cache(out.past_key_values) if store else None)
 
 

@@ -11,12 +11,13 @@ import torch
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, P, head_dim]
 
 
-def make_cache(prefix: KV | None):  # -> transformers.DynamicCache
+def make_cache(prefix: KV | None, batch: int = 1):  # -> transformers.DynamicCache
+    """A fresh cache holding `prefix` (stored with batch 1), broadcast to `batch` rows without copying."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
     for layer, (k, v) in enumerate(prefix or ()):
-        cache.update(k, v, layer)
+        cache.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), layer)
     return cache
 
 

@@ -15,8 +15,9 @@ from typing import Protocol
 import torch
 
 from lm_eval_spot.adapters.base import NFECounter, TargetAdapter
-from lm_eval_spot.decoding.noise import gumbel_rows
+from lm_eval_spot.decoding.noise import gumbel_rows, mix_seed
 from lm_eval_spot.decoding.proposer import Proposer, RoundContext
+from lm_eval_spot.decoding.rejection import proposal_probs, rejection_verify, sample_chain_tokens
 from lm_eval_spot.decoding.transition import transition
 from lm_eval_spot.decoding.tree import DraftTree, accepted_path, compile_states
 
@@ -45,6 +46,9 @@ class RoundObserver(Protocol):
         """state/eligible [L] before the commit, logits [L, V] computed at that state."""
         ...
 
+    # Optional: on_verify(block, tree, path, target_pos, target_tok) is called once per round when defined
+    # (the drafted tree, the accepted nodes and the target's own transition at every node).
+
 
 @dataclass
 class DecodeResult:
@@ -70,8 +74,16 @@ def decode(
     stop_check: StopCheck | None = None,
     proposer: Proposer | None = None,
     observer: RoundObserver | None = None,
+    verify: str = "coupled",
 ) -> DecodeResult:
-    """Decode one request. Deterministic given (prompt, cfg, seed): noise rows come from `seed` alone."""
+    """Decode one request. Deterministic given (prompt, cfg, seed): noise rows come from `seed` alone.
+
+    verify="coupled" (state equality under shared noise): output ids equal control's for any proposer.
+    verify="rejection" (chains, T > 0): accept-residual sampling; output is distributed as control's.
+    """
+    if verify not in ("coupled", "rejection"):
+        raise ValueError(f"verify must be 'coupled' or 'rejection', got {verify!r}")
+    rejection = verify == "rejection" and cfg.temperature > 0  # at T=0 both verifiers are the same greedy check
     t0 = time.perf_counter()
     info = adapter.info
     L, mask_id = info.block_len, info.mask_id
@@ -98,19 +110,39 @@ def decode(
             if not bool(eligible.any()):
                 break
             tree = DraftTree.empty()
-            if proposer is not None and stale is not None:
+            q = None
+            if proposer is not None and not rejection:
                 tree = proposer.propose(
-                    RoundContext(state, eligible, state != mask_id, stale, cfg.temperature, gumbel, mask_id)
+                    RoundContext(state, eligible, state != mask_id, stale, cfg.temperature, gumbel, mask_id, block)
                 )
+            elif proposer is not None and stale is not None:
+                # Positions from the proposer at T=0 (they never depend on sampled tokens); tokens drawn from q.
+                tree = proposer.propose(RoundContext(state, eligible, state != mask_id, stale, 0.0, None, mask_id, block))
+                q = proposal_probs(stale, list(tree.pos), cfg.temperature)
+                rng = torch.Generator().manual_seed(mix_seed("draft", seed, block, rounds))
+                tree = sample_chain_tokens(tree, q, rng)
             states = compile_states(state, tree)
             logits = session.block_logits(states)
             # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
             logits[..., mask_id] = float("-inf")
             node_eligible = (states == mask_id) & window
-            tpos, ttok = transition(logits, node_eligible, cfg.temperature, gumbel)
-            path = accepted_path(tree, tpos, ttok)
+            if rejection:
+                rng = torch.Generator().manual_seed(mix_seed("verify", seed, block, rounds))
+                q_rows = q if q is not None else torch.zeros(0, logits.shape[-1])
+                path, fpos, ftok = rejection_verify(tree, q_rows, logits, node_eligible, cfg.temperature, rng)
+                tpos = torch.full((1 + tree.size,), -1, dtype=torch.long)
+                ttok = tpos.clone()
+                for a, b in zip([0, *path], path, strict=False):
+                    tpos[a], ttok[a] = tree.pos[b - 1], tree.tok[b - 1]
+                tpos[([0, *path])[-1]], ttok[([0, *path])[-1]] = fpos, ftok
+            else:
+                tpos, ttok = transition(logits, node_eligible, cfg.temperature, gumbel)
+                path = accepted_path(tree, tpos, ttok)
             nodes = [0, *path]
             if observer is not None:
+                on_verify = getattr(observer, "on_verify", None)
+                if on_verify is not None:
+                    on_verify(block, tree, path, tpos, ttok)
                 for n in nodes:
                     if int(tpos[n]) >= 0:
                         observer.on_commit(block, states[n], node_eligible[n], logits[n], int(tpos[n]), int(ttok[n]))

@@ -73,6 +73,35 @@ class OrderModel(nn.Module):
         logits = self.head(h).squeeze(-1)
         return logits.masked_fill(status != MASKED, float("-inf"))
 
+    def shared_input(self, probs_feat: torch.Tensor) -> torch.Tensor:
+        """[L, 2k] -> [L, d]: the part of the input that every hypothetical state of one round shares."""
+        L = probs_feat.shape[0]
+        return self.inp(probs_feat) + self.slot(torch.arange(L, device=probs_feat.device))
+
+    def infer(self, shared: torch.Tensor, status: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Inference forward (same weights and maths as `forward`, eval only): `shared` from `shared_input`.
+
+        Written with functional ops because drafting calls the model once per tree level, and on small inputs
+        the module-level dispatch of nn.TransformerEncoder costs more than its arithmetic.
+        """
+        F = torch.nn.functional
+        n, L = status.shape
+        d = self.cfg.d_model
+        h_heads = self.cfg.n_heads
+        x = shared.unsqueeze(0) + self.status(status) + self.depth(depth.clamp(max=MAX_DEPTH))
+        for layer in self.encoder.layers:
+            att = layer.self_attn
+            y = F.layer_norm(x, (d,), layer.norm1.weight, layer.norm1.bias, layer.norm1.eps)
+            qkv = F.linear(y, att.in_proj_weight, att.in_proj_bias).view(n, L, 3, h_heads, d // h_heads)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, L, d)
+            x = x + F.linear(a, att.out_proj.weight, att.out_proj.bias)
+            y = F.layer_norm(x, (d,), layer.norm2.weight, layer.norm2.bias, layer.norm2.eps)
+            x = x + layer.linear2(F.relu(layer.linear1(y)))
+        h = F.layer_norm(x, (d,), self.norm.weight, self.norm.bias, self.norm.eps)
+        logits = F.linear(h, self.head.weight, self.head.bias).squeeze(-1)
+        return logits.masked_fill(status != MASKED, float("-inf"))
+
 
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

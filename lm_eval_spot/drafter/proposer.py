@@ -1,19 +1,20 @@
-"""SPOT's proposer: grow a draft tree best-first by prefix mass from the order model and stale conditionals.
+"""Best-first draft trees by prefix mass, over any order source: SPOT's learned order model or stale confidence.
 
-Prefix mass of a node = product along its path of (order-model probability of the slot) x (stale probability of
-the token). A child's mass never exceeds its parent's, so expanding level by level -- each level one batched
-order-model call over every newly selected node -- reaches the same top-D set as sequential best-first search.
+Prefix mass of a node = product along its path of (order probability of the slot) x (stale probability of the
+token). A child's mass never exceeds its parent's, so expanding level by level -- each level one batched
+order-source call over every newly selected node -- reaches the same top-D set as sequential best-first search.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-from lm_eval_spot.decoding.proposer import RoundContext
+from lm_eval_spot.decoding.proposer import RoundContext, token_hypotheses
 from lm_eval_spot.decoding.tree import DraftTree
-from lm_eval_spot.drafter.features import node_status, prob_features, stale_topk
+from lm_eval_spot.drafter.features import MASKED, node_status, prob_features, stale_topk
 from lm_eval_spot.drafter.model import OrderModel
 
 
@@ -31,41 +32,63 @@ class TreeConfig:
             raise ValueError(f"gamma must be in [0, 1), got {self.gamma}")
 
 
-def token_hypotheses(ctx: RoundContext, hedge_below: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per slot up to two (token, stale probability) hypotheses: [L, 2] tokens and probs (prob 0 = none).
+class OrderSource(Protocol):
+    """Next-commit distributions over still-masked slots of hypothetical states, from stale conditionals only."""
 
-    T=0: stale top-1, plus the runner-up when top-1 < hedge_below. T>0: the coupled stale draw
-    argmax(stale/T + G) with the same Gumbel rows the target uses, and its stale probability at T.
-    """
-    logits = ctx.stale_logits.float()
-    if ctx.temperature > 0:
-        assert ctx.gumbel is not None
-        scaled = logits / ctx.temperature
-        tok = (scaled + ctx.gumbel).argmax(dim=-1)
-        p = torch.softmax(scaled, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
-        return torch.stack([tok, tok], -1), torch.stack([p, torch.zeros_like(p)], -1)
-    probs = torch.softmax(logits, dim=-1)
-    top = probs.topk(2, dim=-1)
-    p2 = torch.where(top.values[:, 0] < hedge_below, top.values[:, 1], torch.zeros_like(top.values[:, 1]))
-    return top.indices, torch.stack([top.values[:, 0], p2], -1)
+    def begin(self, ctx: RoundContext) -> Any:
+        """Per-round work shared by every node of the round."""
+        ...
+
+    def probs(self, prep: Any, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
+        """depth_maps [N, L] (0 = not on the path, d = committed at path depth d) -> [N, L] probabilities."""
+        ...
 
 
-class SpotProposer:
-    def __init__(self, model: OrderModel, cfg: TreeConfig) -> None:
+class LearnedOrder:
+    """SPOT: the trained commit-order model."""
+
+    def __init__(self, model: OrderModel) -> None:
         self.model = model.eval()
-        self.cfg = cfg
 
-    def order_probs(self, feat: torch.Tensor, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
-        """[N, L] next-commit distribution over still-masked slots of N hypothetical states."""
+    def begin(self, ctx: RoundContext) -> torch.Tensor:
+        assert ctx.stale_logits is not None
+        # Trajectories store top-k probabilities in float16; rounding the same way here keeps the inputs the
+        # model sees at inference identical in kind to its training inputs (near-1 values saturate alike).
+        topk = stale_topk(ctx.stale_logits, self.model.cfg.top_k).half().float()
+        with torch.no_grad():
+            return self.model.shared_input(prob_features(topk))
+
+    def probs(self, prep: torch.Tensor, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
         status = node_status(ctx.committed_before, ctx.eligible, depth_maps)
         with torch.no_grad():
-            logits = self.model(feat, status, depth_maps)
+            logits = self.model.infer(prep, status, depth_maps)
         return torch.softmax(logits, dim=-1).nan_to_num(0.0)
 
+
+class StaleConfidenceOrder:
+    """Training-free: slots ranked by stale clean confidence max_v p(v), renormalised over what is left."""
+
+    def begin(self, ctx: RoundContext) -> torch.Tensor:
+        assert ctx.stale_logits is not None
+        return torch.softmax(ctx.stale_logits.float(), dim=-1).amax(dim=-1)
+
+    def probs(self, prep: torch.Tensor, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
+        status = node_status(ctx.committed_before, ctx.eligible, depth_maps)
+        w = prep.unsqueeze(0) * (status == MASKED)
+        return w / w.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+
+
+class TreeProposer:
+    def __init__(self, order: OrderSource, cfg: TreeConfig) -> None:
+        self.order = order
+        self.cfg = cfg
+
     def propose(self, ctx: RoundContext) -> DraftTree:
+        if ctx.stale_logits is None:
+            return DraftTree.empty()  # a block's first round: no stale conditionals to draft from
         D, gamma = self.cfg.budget, self.cfg.gamma
         L = ctx.state.shape[0]
-        feat = prob_features(stale_topk(ctx.stale_logits, self.model.cfg.top_k))
+        prep = self.order.begin(ctx)
         hyp_tok, hyp_p = token_hypotheses(ctx, self.cfg.hedge_below)
         hyp_tok, hyp_p = hyp_tok.tolist(), hyp_p.tolist()
         n_elig = int(ctx.eligible.sum())
@@ -81,14 +104,17 @@ class SpotProposer:
         frontier = [-1]
         selected: list[int] = []
         children: dict[int, list[int]] = {}
-        while frontier:
+        while frontier := self._expand(frontier, mass_of, selected, c_mass):
             maps = torch.stack([depth_of[n] for n in frontier])
-            q = self.order_probs(feat, ctx, maps)
+            q = self.order.probs(prep, ctx, maps)
             k = min(D, n_elig)
             qv, qi = q.topk(k, dim=-1)
             for row, node in enumerate(frontier):
                 base = mass_of[node]
-                for qq, pos in zip(qv[row].tolist(), qi[row].tolist(), strict=True):
+                # Equal probabilities (saturated confidences are common) go lowest slot first, as the target's
+                # own tie-break does; candidate order is the tie-break of every later selection.
+                ranked = sorted(zip(qv[row].tolist(), qi[row].tolist(), strict=True), key=lambda t: (-t[0], t[1]))
+                for qq, pos in ranked:
                     if qq <= 0.0:
                         break
                     for h in (0, 1):
@@ -110,7 +136,18 @@ class SpotProposer:
                 dm[c_pos[c]] = c_depth[c]
                 depth_of[c], mass_of[c], level_of[c] = dm, c_mass[c], c_depth[c]
                 frontier.append(c)
+        selected = self._finish(selected, c_mass)
         return self._as_tree(selected, c_parent, c_pos, c_tok, c_depth)
+
+    # Hooks for a proposer that sizes the tree per round (budget=auto); fixed budgets expand fully.
+    def _expand(
+        self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float]
+    ) -> list[int]:
+        """The nodes to expand next (an empty list stops growing)."""
+        return frontier
+
+    def _finish(self, selected: list[int], mass: list[float]) -> list[int]:
+        return selected
 
     def _select(self, children: dict[int, list[int]], mass: list[float], depth: list[int], D: int) -> list[int]:
         if not self.cfg.chain:
@@ -141,3 +178,8 @@ class SpotProposer:
             out_pos.append(pos[c])
             out_tok.append(tok[c])
         return DraftTree(tuple(out_parent), tuple(out_pos), tuple(out_tok))
+
+
+def SpotProposer(model: OrderModel, cfg: TreeConfig) -> TreeProposer:  # noqa: N802 (a constructor by role)
+    """SPOT: the best-first tree over the learned order model."""
+    return TreeProposer(LearnedOrder(model), cfg)

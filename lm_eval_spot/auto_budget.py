@@ -1,0 +1,143 @@
+"""budget=auto: size each round's draft tree to maximise expected committed tokens per second.
+
+At start-up the verification cost curve (target forward time vs number of replicas) and the order model's cost
+per tree level are measured on the current hardware. Each round the tree grows level by level; a level is
+expanded only while an optimistic bound says it could raise the round's rate, and the tree is then cut to the D
+(the top-D nodes by prefix mass) that maximises (1 + sum of their masses) / (forward time(1 + D) + drafting
+time). Prefix masses are the drafter's estimates of acceptance, so this also sets the mass floor (gamma) per
+round: a node is worth a replica only if its mass beats the round's rate times the replica's marginal cost.
+Any tree is verified exactly, so the output does not depend on these choices.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.drafter.features import MASKED
+from lm_eval_spot.drafter.model import OrderModel
+from lm_eval_spot.drafter.proposer import OrderSource, TreeConfig, TreeProposer
+
+log = logging.getLogger("lm_eval.spot")
+
+MAX_BUDGET = 20
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Measured milliseconds: target forward by replica count, order-model call by node count (interpolated)."""
+
+    replicas: tuple[int, ...]
+    target_ms: tuple[float, ...]
+    nodes: tuple[int, ...]
+    drafter_ms: tuple[float, ...]
+    max_budget: int = MAX_BUDGET
+
+    def target(self, r: int) -> float:
+        return _interp(self.replicas, self.target_ms, r)
+
+    def drafter(self, n: int) -> float:
+        return _interp(self.nodes, self.drafter_ms, n)
+
+
+def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys, strict=True), zip(xs[1:], ys[1:], strict=True), strict=False):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    # Beyond the last point: extend the last segment's slope.
+    return ys[-1] + (ys[-1] - ys[-2]) * (x - xs[-1]) / (xs[-1] - xs[-2])
+
+
+def measure_costs(adapter: TargetAdapter, drafter: OrderModel, max_budget: int = MAX_BUDGET, repeats: int = 7) -> CostModel:
+    """Time the target on R replicas of a block (after a 2-block prefix) and the drafter on N states."""
+    info = adapter.info
+    L = info.block_len
+    filler = next(t for t in range(info.vocab_size) if t != info.mask_id and t not in info.stop_ids)
+    session, _ = adapter.open([filler] * (2 * L))
+    block = torch.full((L,), info.mask_id, dtype=torch.long)
+    block[: L // 2] = filler
+    session.block_logits(block[None])  # stores the prefix
+    replicas = tuple(r for r in (1, 2, 3, 5, 9, 13, 17) if r < max_budget + 1) + (max_budget + 1,)
+    nodes = (1, 2, 4, 8, 16)
+    feat = torch.rand(L, 2 * drafter.cfg.top_k)
+    status = torch.full((1, L), MASKED, dtype=torch.long)
+    t_samples: dict[int, list[float]] = {r: [] for r in replicas}
+    d_samples: dict[int, list[float]] = {n: [] for n in nodes}
+    with torch.no_grad():
+        shared = drafter.shared_input(feat)
+        for _ in range(repeats):  # interleaved, so drift hits every size alike
+            for r in replicas:
+                t0 = time.perf_counter()
+                session.block_logits(block[None].repeat(r, 1))
+                t_samples[r].append(time.perf_counter() - t0)
+            for n in nodes:
+                t0 = time.perf_counter()
+                drafter.infer(shared, status.repeat(n, 1), torch.zeros(n, L, dtype=torch.long))
+                d_samples[n].append(time.perf_counter() - t0)
+    costs = CostModel(
+        replicas,
+        tuple(1000 * statistics.median(t_samples[r][1:]) for r in replicas),
+        nodes,
+        tuple(1000 * statistics.median(d_samples[n][1:]) for n in nodes),
+        max_budget,
+    )
+    log.info(
+        "budget=auto cost curve (ms): target %s; drafter %s",
+        ", ".join(f"R={r}: {c:.2f}" for r, c in zip(costs.replicas, costs.target_ms, strict=True)),
+        ", ".join(f"N={n}: {c:.2f}" for n, c in zip(costs.nodes, costs.drafter_ms, strict=True)),
+    )
+    return costs
+
+
+def best_cut(masses: list[float], costs: CostModel, spent_ms: float) -> tuple[int, float]:
+    """(d, rate): the prefix of `masses` (best-first order) maximising (1 + sum) / (target(1 + d) + spent)."""
+    best_d, best = 0, 1.0 / (costs.target(1) + spent_ms)
+    acc = 1.0
+    for d, m in enumerate(masses, start=1):
+        acc += m
+        rate = acc / (costs.target(1 + d) + spent_ms)
+        if rate > best:
+            best_d, best = d, rate
+    return best_d, best
+
+
+class AutoBudgetProposer(TreeProposer):
+    """The best-first tree with a per-round, cost-aware size (at most cfg.budget nodes)."""
+
+    def __init__(self, order: OrderSource, cfg: TreeConfig, costs: CostModel) -> None:
+        super().__init__(order, cfg)
+        self.costs = costs
+        self._spent = 0.0
+
+    def propose(self, ctx):  # type: ignore[no-untyped-def]
+        self._spent = 0.0
+        return super().propose(ctx)
+
+    def _expand(
+        self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float]
+    ) -> list[int]:
+        current = sorted((mass[c] for c in selected), reverse=True)
+        _, rate_now = best_cut(current, self.costs, self._spent)
+        # Optimistic: each expanded node gets one child as likely as itself (a child never has more mass). Expand
+        # the k most likely frontier nodes, k chosen for the best optimistic rate; stop if none beats the present.
+        ranked = sorted(frontier, key=lambda n: -mass_of[n])
+        best_k, best_rate = 0, rate_now
+        for k in range(1, len(ranked) + 1):
+            hoped = sorted(current + [mass_of[n] for n in ranked[:k]], reverse=True)[: self.cfg.budget]
+            _, rate = best_cut(hoped, self.costs, self._spent + self.costs.drafter(k))
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        if best_k:
+            self._spent += self.costs.drafter(best_k)
+        return ranked[:best_k]
+
+    def _finish(self, selected: list[int], mass: list[float]) -> list[int]:
+        d, _ = best_cut([mass[c] for c in selected], self.costs, self._spent)
+        return selected[:d]

@@ -1,0 +1,166 @@
+"""The calibrated draft graph (Spiffy-style): a fixed graph over stale-confidence RANKS, pruned at run time.
+
+A node is a rank sequence (r1, ..., rk): "commit the r1-th most confident masked slot (by the stale conditionals),
+then the r2-th of those left, ...", with the stale top token at each slot (the coupled stale draw at T > 0).
+The graph is calibrated offline on control trajectories of the target on held-out prompts: it keeps the rank
+sequences that were most often the true next commits. At run time the first D nodes that exist in the current
+block (rank within the slots left, parent kept) are drafted.
+
+    python -m lm_eval_spot.baselines.graph --target DIR --n-prompts 300 --out graph.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lm_eval_spot.decoding.proposer import RoundContext, token_hypotheses
+from lm_eval_spot.decoding.tree import DraftTree
+
+log = logging.getLogger(__name__)
+
+GRAPH_VERSION = 1
+MAX_DEPTH = 24
+
+
+@dataclass(frozen=True)
+class RankGraph:
+    nodes: tuple[tuple[int, ...], ...]  # rank sequences, most frequent first; prefix-closed
+    counts: tuple[int, ...]
+    rounds: int  # calibration rounds the counts come from
+    target: str = ""
+
+    def save(self, path: Path) -> None:
+        doc = {"version": GRAPH_VERSION, "target": self.target, "rounds": self.rounds,
+               "nodes": [list(n) for n in self.nodes], "counts": list(self.counts)}
+        tmp = Path(str(path) + ".tmp")
+        tmp.write_text(json.dumps(doc) + "\n")
+        os.replace(tmp, path)
+
+    @staticmethod
+    def load(path: Path) -> RankGraph:
+        doc = json.loads(Path(path).read_text())
+        if doc.get("version") != GRAPH_VERSION:
+            raise ValueError(f"draft graph {str(path)!r} has version {doc.get('version')}, this code reads {GRAPH_VERSION}")
+        return RankGraph(tuple(tuple(n) for n in doc["nodes"]), tuple(doc["counts"]), doc["rounds"], doc["target"])
+
+
+def confidence_ranking(stale_logits: torch.Tensor, eligible: torch.Tensor) -> list[int]:
+    """Eligible slots, most stale-confident first (lowest index on ties)."""
+    conf = torch.softmax(stale_logits.float(), dim=-1).amax(dim=-1)
+    slots = eligible.nonzero().flatten().tolist()
+    return sorted(slots, key=lambda i: (-float(conf[i]), i))
+
+
+def rank_sequence(ranking: list[int], commits: list[int]) -> list[int]:
+    """Ranks of successive commits, each among the slots still left: the graph's coordinates of a true path."""
+    left = list(ranking)
+    out = []
+    for p in commits:
+        if p not in left:
+            break
+        r = left.index(p)
+        out.append(r)
+        left.pop(r)
+    return out
+
+
+class GraphProposer:
+    def __init__(self, graph: RankGraph, budget: int) -> None:
+        if budget < 1:
+            raise ValueError(f"budget must be >= 1, got {budget}")
+        self.graph, self.budget = graph, budget
+
+    def propose(self, ctx: RoundContext) -> DraftTree:
+        if ctx.stale_logits is None:
+            return DraftTree.empty()
+        ranking = confidence_ranking(ctx.stale_logits, ctx.eligible)
+        tok = token_hypotheses(ctx, hedge_below=0.0)[0][:, 0].tolist()
+        index: dict[tuple[int, ...], int] = {(): 0}
+        left_of: dict[tuple[int, ...], list[int]] = {(): ranking}
+        parent, pos, toks = [], [], []
+        for node in self.graph.nodes:
+            if len(parent) >= self.budget:
+                break
+            up = node[:-1]
+            if up not in index or node[-1] >= len(left_of[up]):
+                continue  # pruned: its parent was pruned, or fewer slots are left than its rank
+            left = list(left_of[up])
+            p = left.pop(node[-1])
+            index[node] = len(parent) + 1
+            left_of[node] = left
+            parent.append(index[up])
+            pos.append(p)
+            toks.append(tok[p])
+        return DraftTree(tuple(parent), tuple(pos), tuple(toks))
+
+
+class _RankCounter:
+    """Decoder observer: per block, the stale ranking at every round and the commits that followed."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
+
+    def on_commit(self, block, state, eligible, logits, pos, tok) -> None:
+        self.blocks.setdefault(block, []).append((eligible.clone(), logits.clone(), pos))
+
+    def count_into(self, counts: Counter[tuple[int, ...]]) -> int:
+        rounds = 0
+        for rows in self.blocks.values():
+            for t in range(1, len(rows)):
+                eligible = rows[t][0]
+                ranking = confidence_ranking(rows[t - 1][1], eligible)
+                seq = rank_sequence(ranking, [p for _, _, p in rows[t : t + MAX_DEPTH]])
+                for j in range(1, len(seq) + 1):
+                    counts[tuple(seq[:j])] += 1
+                rounds += 1
+        return rounds
+
+
+def calibrate(target_dir: str, n_prompts: int, keep: int = 64, seed: int = 0) -> RankGraph:
+    """Control (T=0) trajectories on training-split prompts (disjoint from the test split)."""
+    from tqdm import tqdm
+
+    from lm_eval_spot.arith.generator import make_prompt, make_split
+    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+    from lm_eval_spot.loading import load_target
+
+    loaded = load_target(parse_args({"pretrained": target_dir, "mode": "control"}))
+    counts: Counter[tuple[int, ...]] = Counter()
+    rounds = 0
+    for doc in tqdm(make_split("val", n_prompts), desc="calibrating draft graph"):
+        ids = loaded.tokenizer(make_prompt(doc["question"]), add_special_tokens=False)["input_ids"]
+        obs = _RankCounter()
+        decode(loaded.adapter, ids, DecodeConfig(max_gen_toks=96), seed, observer=obs)
+        rounds += obs.count_into(counts)
+    best = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))[:keep]
+    return RankGraph(tuple(n for n, _ in best), tuple(c for _, c in best), rounds, str(target_dir))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from lm_eval_spot.config import default_target_path
+
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.baselines.graph", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=str(default_target_path()), help="target checkpoint folder")
+    ap.add_argument("--n-prompts", type=int, default=300)
+    ap.add_argument("--keep", type=int, default=64, help="graph nodes kept (>= the largest budget used)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    g = calibrate(a.target, a.n_prompts, a.keep)
+    g.save(Path(a.out))
+    log.info("wrote %s: %d nodes from %d rounds; top: %s", a.out, len(g.nodes), g.rounds,
+             ", ".join(f"{n}:{c}" for n, c in zip(g.nodes[:8], g.counts[:8], strict=False)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The joint oracle: the true next commits (order AND tokens) read off a control run of the same request and seed.
+
+It bounds what any drafter can reach with a chain of D states: every drafted state is accepted until the block
+ends, so its NFE and wall clock are the ceilings the paper reports.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lm_eval_spot.decoding.proposer import RoundContext
+from lm_eval_spot.decoding.tree import DraftTree
+
+
+class CommitLog:
+    """Decoder observer: the commits of one run, in order, per block."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, list[tuple[int, int]]] = {}
+
+    def on_commit(
+        self, block: int, state: torch.Tensor, eligible: torch.Tensor, logits: torch.Tensor, pos: int, tok: int
+    ) -> None:
+        self.blocks.setdefault(block, []).append((pos, tok))
+
+
+class OracleProposer:
+    """Drafts the next `budget` commits of a logged control run as a chain (valid from a block's first round on)."""
+
+    def __init__(self, log: CommitLog, budget: int) -> None:
+        if budget < 1:
+            raise ValueError(f"budget must be >= 1, got {budget}")
+        self.log, self.budget = log, budget
+
+    def propose(self, ctx: RoundContext) -> DraftTree:
+        commits = self.log.blocks.get(ctx.block, [])
+        # The decoder follows the control trajectory exactly, so the committed slots are a prefix of the log.
+        k = next((i for i, (p, _) in enumerate(commits) if int(ctx.state[p]) == ctx.mask_id), len(commits))
+        nxt = commits[k + 0 : k + self.budget]
+        return DraftTree(tuple(range(len(nxt))), tuple(p for p, _ in nxt), tuple(t for _, t in nxt))

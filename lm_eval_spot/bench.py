@@ -1,0 +1,278 @@
+"""The benchmark: every drafting method x budget x temperature against control, in ONE process, per sample.
+
+    python -m lm_eval_spot.bench --quick                      # < 10 min on 2 cores
+    python -m lm_eval_spot.bench --n 100 --out docs/results/bench
+
+Each sample is decoded by control, then by every configuration (in an order rotated per sample), then by
+control again; a configuration's throughput ratio on that sample is control's mean wall time over its own, so
+machine drift cancels. Reported per configuration: accuracy (strict '#### N'), NFE per sample, tokens per
+forward, accepted length per round, throughput ratio (median of paired ratios, with the 25-75% spread),
+exact-match-to-control. Writes results.json, table.md and PNG plots (NFE and throughput ratio vs budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("lm_eval_spot.bench")
+
+METHODS = ("free-chain", "conf-tree", "graph", "spot-chain", "spot", "spot-gamma", "oracle")
+BASELINES = ("free-chain", "conf-tree", "graph")
+BUDGETS = (4, 8, 12, 20)
+TEMPS = (0.0, 1.0)
+STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+@dataclass
+class Row:
+    method: str
+    budget: int | str
+    temperature: float
+    nfe: list[int] = field(default_factory=list)
+    control_nfe: list[int] = field(default_factory=list)
+    committed: list[int] = field(default_factory=list)
+    gen_tokens: list[int] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)  # mean accepted length per round, per sample
+    correct: list[bool] = field(default_factory=list)
+    exact: list[bool] = field(default_factory=list)
+    ratio: list[float] = field(default_factory=list)  # control wall / method wall, per sample
+    wall_s: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.nfe)
+        q = statistics.quantiles(self.ratio, n=4) if n >= 2 else [self.ratio[0]] * 3
+        nfe = sum(self.nfe) / n
+        cnfe = sum(self.control_nfe) / n
+        return {
+            "method": self.method, "budget": self.budget, "temperature": self.temperature, "n": n,
+            "accuracy": sum(self.correct) / n, "nfe_per_sample": nfe, "control_nfe_per_sample": cnfe,
+            "nfe_reduction": cnfe / nfe, "tokens_per_forward": sum(self.committed) / sum(self.nfe),
+            "accepted_per_round": sum(self.accepted) / n,
+            "throughput_ratio": statistics.median(self.ratio), "throughput_ratio_q25": q[0],
+            "throughput_ratio_q75": q[2], "exact_match_to_control": sum(self.exact) / n,
+            "wall_s_per_sample": sum(self.wall_s) / n,
+        }
+
+
+def _correct(text: str, final: int) -> bool:
+    m = STRICT.search(text)
+    return m is not None and m.group(1).replace(",", "").rstrip(".") == str(final)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from lm_eval_spot.arith.generator import make_prompt, make_split
+    from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
+    from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
+    from lm_eval_spot.config import default_drafter_path, default_graph_path, parse_args
+    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+    from lm_eval_spot.drafter.model import load_drafter
+    from lm_eval_spot.baselines.graph import RankGraph
+    from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
+    from lm_eval_spot.loading import load_target
+    from lm_eval_spot.methods import MethodSpec, make_proposer
+    from lm_eval_spot.stopping import make_stop_check
+
+    torch.set_num_threads(args.threads)
+    loaded = load_target(parse_args({"pretrained": args.target, "mode": "control", "device": args.device}))
+    adapter, tok = loaded.adapter, loaded.tokenizer
+    L = adapter.info.block_len
+    drafter = load_drafter(Path(args.drafter or default_drafter_path()), L)[0]  # drafting runs on the CPU
+    graph = RankGraph.load(Path(args.graph or default_graph_path()))
+    proposers: dict[tuple[str, int | str], Any] = {}
+    for m in args.methods:
+        for D in args.budgets:
+            if m != "oracle":
+                proposers[(m, D)] = make_proposer(MethodSpec(m, D, args.gamma), drafter, graph)
+    costs = None
+    if args.auto:
+        costs = measure_costs(adapter, drafter)
+        proposers[("spot", "auto")] = AutoBudgetProposer(LearnedOrder(drafter), TreeConfig(costs.max_budget), costs)
+    keys = list(proposers) + [("oracle", D) for D in args.budgets if "oracle" in args.methods]
+    docs = make_split("test", args.n)
+    decode_ids = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    stop = make_stop_check(decode_ids, ["Q:"])
+    rows = {(k[0], k[1], T): Row(k[0], k[1], T) for T in args.temps for k in keys}
+    bar = tqdm(total=len(docs) * len(args.temps) * (len(keys) + 2), desc="bench", unit="decode")
+    t_start = time.perf_counter()
+    for i, doc in enumerate(docs):
+        ids = tok(make_prompt(doc["question"]), add_special_tokens=False)["input_ids"]
+        for T in args.temps:
+            cfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T)
+            seed = args.seed * 1_000_003 + i
+            commits = CommitLog()
+            c1 = decode(adapter, ids, cfg, seed, stop_check=stop, observer=commits)
+            bar.update()
+            order = keys[i % len(keys):] + keys[: i % len(keys)]  # rotate, so no method always runs first
+            results = {}
+            for m, D in order:
+                prop = OracleProposer(commits, int(D)) if m == "oracle" else proposers[(m, D)]
+                results[(m, D)] = decode(adapter, ids, cfg, seed, stop_check=stop, proposer=prop)
+                bar.update()
+            c2 = decode(adapter, ids, cfg, seed, stop_check=stop)
+            bar.update()
+            if c1.token_ids != c2.token_ids:
+                log.warning("sample %d: two control runs differ (non-deterministic kernels?)", i)
+            control_wall = (c1.wall_s + c2.wall_s) / 2
+            for (m, D), r in results.items():
+                row = rows[(m, D, T)]
+                row.nfe.append(r.nfe.total)
+                row.control_nfe.append(c1.nfe.total)
+                row.committed.append(r.committed)
+                row.gen_tokens.append(len(r.token_ids))
+                row.accepted.append(sum(r.accepted) / max(1, len(r.accepted)))
+                row.correct.append(_correct(decode_ids(r.token_ids), doc["final"]))
+                row.exact.append(r.token_ids == c1.token_ids)
+                row.ratio.append(control_wall / r.wall_s)
+                row.wall_s.append(r.wall_s)
+            for T_row in (rows.setdefault(("control", "-", T), Row("control", "-", T)),):
+                T_row.nfe.append(c1.nfe.total)
+                T_row.control_nfe.append(c1.nfe.total)
+                T_row.committed.append(c1.committed)
+                T_row.gen_tokens.append(len(c1.token_ids))
+                T_row.accepted.append(0.0)
+                T_row.correct.append(_correct(decode_ids(c1.token_ids), doc["final"]))
+                T_row.exact.append(True)
+                T_row.ratio.append(control_wall / c1.wall_s)
+                T_row.wall_s.append(control_wall)
+    bar.close()
+    return {
+        "command": "python -m lm_eval_spot.bench " + " ".join(args.argv),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": args.threads,
+                    "torch": torch.__version__, "device": args.device,
+                    "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else None},
+        "n": args.n, "max_gen_toks": args.max_gen_toks, "block_len": L, "gamma": args.gamma,
+        "wall_s": time.perf_counter() - t_start,
+        "auto_costs": asdict(costs) if costs is not None else None,
+        "rows": [r.summary() for r in rows.values()],
+    }
+
+
+def markdown_table(res: dict[str, Any]) -> str:
+    head = ("| method | D | T | n | accuracy | NFE/sample | NFE reduction | tokens/forward | accepted/round | "
+            "throughput ratio [q25, q75] | exact-match-to-control |")
+    lines = [head, "|" + "---|" * 11]
+    for r in sorted(res["rows"], key=lambda r: (r["temperature"], _mkey(r["method"]), _bkey(r["budget"]))):
+        lines.append(
+            f"| {r['method']} | {r['budget']} | {r['temperature']:g} | {r['n']} | {r['accuracy']:.3f} | "
+            f"{r['nfe_per_sample']:.1f} | {r['nfe_reduction']:.2f}x | {r['tokens_per_forward']:.2f} | "
+            f"{r['accepted_per_round']:.2f} | {r['throughput_ratio']:.2f}x [{r['throughput_ratio_q25']:.2f}, "
+            f"{r['throughput_ratio_q75']:.2f}] | {r['exact_match_to_control']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _mkey(m: str) -> int:
+    order = ("control",) + METHODS
+    return order.index(m) if m in order else len(order)
+
+
+def _bkey(b: int | str) -> float:
+    return float(b) if isinstance(b, int) else 1e9
+
+
+def plot(res: dict[str, Any], out: Path) -> list[Path]:
+    """NFE and throughput ratio vs budget, one panel per temperature. Needs matplotlib (the bench extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed (pip install 'lm-eval-spot[bench]'): no plots written")
+        return []
+    written = []
+    temps = sorted({r["temperature"] for r in res["rows"]})
+    for key, label, fname in (("nfe_per_sample", "target forwards (NFE) per sample", "nfe_vs_budget.png"),
+                              ("throughput_ratio", "throughput ratio vs control (median)", "throughput_vs_budget.png")):
+        fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4.2), squeeze=False)
+        for ax, T in zip(axes[0], temps, strict=True):
+            rows = [r for r in res["rows"] if r["temperature"] == T]
+            for m in METHODS:
+                pts = sorted((r["budget"], r[key]) for r in rows if r["method"] == m and isinstance(r["budget"], int))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m,
+                            linestyle="--" if m in BASELINES or m == "oracle" else "-")
+            for r in rows:
+                if r["method"] == "control":
+                    ax.axhline(r[key], color="black", linewidth=0.8, label="control")
+                if r["budget"] == "auto":
+                    ax.axhline(r[key], color="tab:red", linestyle=":", label=f"{r['method']} budget=auto")
+            ax.set_xlabel("budget D (drafted states per round)")
+            ax.set_ylabel(label)
+            ax.set_title(f"T = {T:g}, n = {rows[0]['n'] if rows else 0}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    from lm_eval_spot.config import default_target_path
+
+    raw = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=str(default_target_path()))
+    ap.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
+    ap.add_argument("--graph", default=None, help="calibrated draft graph (default: the shipped one)")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma list from {', '.join(METHODS)}")
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    ap.add_argument("--temps", default="0,1")
+    ap.add_argument("--n", type=int, default=100, help="test problems (the first n of spot_arith's test split)")
+    ap.add_argument("--quick", action="store_true", help="12 problems: finishes in under 10 minutes on 2 cores")
+    ap.add_argument("--no-auto", dest="auto", action="store_false", help="skip the spot budget=auto rows")
+    ap.add_argument("--gamma", type=float, default=0.05)
+    ap.add_argument("--max-gen-toks", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench_out", help="folder for results.json, table.md and plots")
+    a = ap.parse_args(raw)
+    a.argv = raw
+    if a.quick:
+        a.n = min(a.n, 12)
+    a.methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    bad = sorted(set(a.methods) - set(METHODS))
+    if bad:
+        ap.error(f"unknown method(s) {', '.join(bad)}; accepted: {', '.join(METHODS)}")
+    try:
+        a.budgets = [int(b) for b in a.budgets.split(",")]
+        a.temps = [float(t) for t in a.temps.split(",")]
+    except ValueError:
+        ap.error("--budgets takes integers and --temps numbers, comma-separated")
+    if any(b < 1 for b in a.budgets) or any(t < 0 for t in a.temps) or a.n < 1:
+        ap.error("budgets must be >= 1, temperatures >= 0 and --n >= 1")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = run(a)
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    table = markdown_table(res)
+    (out / "table.md").write_text(f"`{res['command']}`\n\n" + table)
+    plots = plot(res, out)
+    log.info("%s\nwrote %s (%.0f s)", table, ", ".join(str(p) for p in [out / "results.json", out / "table.md", *plots]),
+             res["wall_s"])
+
+
+if __name__ == "__main__":
+    main()

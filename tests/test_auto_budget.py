@@ -1,0 +1,64 @@
+"""budget=auto: the per-round size follows the measured costs, and the output stays exact."""
+
+from __future__ import annotations
+
+import torch
+
+from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
+from lm_eval_spot.auto_budget import AutoBudgetProposer, CostModel, best_cut, measure_costs
+from lm_eval_spot.decoding.loop import DecodeConfig, decode
+from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
+from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
+
+from tiny import build_model
+
+V, MASK, EOS = 40, 2, 1
+
+
+def linear_costs(base: float, per_replica: float, drafter: float) -> CostModel:
+    return CostModel((1, 2, 21), (base, base + per_replica, base + 20 * per_replica), (1, 16), (drafter, drafter), 20)
+
+
+def test_best_cut_trades_mass_for_replica_cost():
+    cheap = linear_costs(10.0, 0.001, 0.0)
+    dear = linear_costs(10.0, 10.0, 0.0)
+    masses = [0.9, 0.8, 0.5, 0.1, 0.01]
+    assert best_cut(masses, cheap, 0.0)[0] == 5  # replicas nearly free: verify everything
+    assert best_cut(masses, dear, 0.0)[0] == 0  # a replica costs a whole forward: only sure bets pay... none do
+    d, rate = best_cut([0.99, 0.99], linear_costs(10.0, 2.0, 0.0), 0.0)
+    assert d == 2 and abs(rate - 2.98 / 14.0) < 1e-9
+
+
+def test_interpolation_and_extrapolation():
+    c = CostModel((1, 3), (2.0, 4.0), (1, 2), (1.0, 1.5))
+    assert c.target(2) == 3.0 and c.target(5) == 6.0 and c.drafter(4) == 2.5 and c.target(0) == 2.0
+
+
+def _adapter() -> BlockCausalAdapter:
+    return BlockCausalAdapter(build_model(V, seed=2, block_length=16), TargetInfo(MASK, frozenset({EOS}), EOS, 16, "zero", True, V))
+
+
+def _drafter() -> OrderModel:
+    torch.manual_seed(1)
+    return OrderModel(OrderModelConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, max_block_len=16))
+
+
+def test_auto_is_exact_and_sizes_follow_costs():
+    ad, dr = _adapter(), _drafter()
+    cfg = DecodeConfig(max_gen_toks=40, temperature=1.0)
+    ctrl = decode(ad, [4, 5, 6], cfg, seed=3)
+    free = AutoBudgetProposer(LearnedOrder(dr), TreeConfig(budget=20), linear_costs(10.0, 0.01, 0.01))
+    dear = AutoBudgetProposer(LearnedOrder(dr), TreeConfig(budget=20), linear_costs(10.0, 50.0, 50.0))
+    r_free = decode(ad, [4, 5, 6], cfg, seed=3, proposer=free)
+    r_dear = decode(ad, [4, 5, 6], cfg, seed=3, proposer=dear)
+    assert r_free.token_ids == ctrl.token_ids == r_dear.token_ids
+    assert max(r_free.drafted) > 4  # cheap verification: wide trees
+    assert max(r_dear.drafted) == 0  # drafting can never pay: control, exactly
+    assert r_dear.nfe.total == ctrl.nfe.total
+
+
+def test_measure_costs_gives_a_usable_curve():
+    c = measure_costs(_adapter(), _drafter(), max_budget=6, repeats=3)
+    assert c.replicas[0] == 1 and c.replicas[-1] == 7
+    assert all(t > 0 for t in c.target_ms + c.drafter_ms)

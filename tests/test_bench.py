@@ -1,0 +1,26 @@
+"""The benchmark command end to end on the embedded target (one problem, a few methods)."""
+
+from __future__ import annotations
+
+import json
+
+from lm_eval_spot.bench import main
+
+
+def test_bench_writes_results_table_and_plots(tmp_path):
+    out = tmp_path / "bench"
+    main(["--n", "1", "--methods", "free-chain,graph,spot,oracle", "--budgets", "2,4", "--temps", "0,1",
+          "--threads", "1", "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    rows = res["rows"]
+    # 4 methods x 2 budgets x 2 temperatures + spot budget=auto and control per temperature
+    assert len(rows) == 4 * 2 * 2 + 2 + 2
+    assert all(r["exact_match_to_control"] == 1.0 for r in rows)
+    oracle = {(r["budget"], r["temperature"]): r["nfe_per_sample"] for r in rows if r["method"] == "oracle"}
+    spot = {(r["budget"], r["temperature"]): r["nfe_per_sample"] for r in rows if r["method"] == "spot"}
+    control = [r for r in rows if r["method"] == "control"]
+    assert all(oracle[k] <= spot[k] < control[0]["nfe_per_sample"] for k in oracle)
+    table = (out / "table.md").read_text()
+    assert "| spot | auto |" in table and "python -m lm_eval_spot.bench" in table
+    for png in ("nfe_vs_budget.png", "throughput_vs_budget.png"):
+        assert (out / png).stat().st_size > 5000
