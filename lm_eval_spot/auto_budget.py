@@ -66,8 +66,9 @@ def measure_costs(adapter: TargetAdapter, drafter: OrderModel, max_budget: int =
     session.block_logits(block[None])  # stores the prefix
     replicas = tuple(r for r in (1, 2, 3, 5, 9, 13, 17) if r < max_budget + 1) + (max_budget + 1,)
     nodes = (1, 2, 4, 8, 16)
-    feat = torch.rand(L, 2 * drafter.cfg.top_k)
-    status = torch.full((1, L), MASKED, dtype=torch.long)
+    dev = drafter.head.weight.device
+    feat = torch.rand(L, 2 * drafter.cfg.top_k, device=dev)
+    status = torch.full((1, L), MASKED, dtype=torch.long, device=dev)
     t_samples: dict[int, list[float]] = {r: [] for r in replicas}
     d_samples: dict[int, list[float]] = {n: [] for n in nodes}
     with torch.no_grad():
@@ -79,7 +80,7 @@ def measure_costs(adapter: TargetAdapter, drafter: OrderModel, max_budget: int =
                 t_samples[r].append(time.perf_counter() - t0)
             for n in nodes:
                 t0 = time.perf_counter()
-                drafter.infer(shared, status.repeat(n, 1), torch.zeros(n, L, dtype=torch.long))
+                drafter.infer(shared, status.repeat(n, 1), torch.zeros(n, L, dtype=torch.long, device=dev)).cpu()
                 d_samples[n].append(time.perf_counter() - t0)
     costs = CostModel(
         replicas,

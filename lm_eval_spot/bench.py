@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loaded = load_target(parse_args({"pretrained": args.target, "mode": "control", "device": args.device}))
     adapter, tok = loaded.adapter, loaded.tokenizer
     L = adapter.info.block_len
-    drafter = load_drafter(Path(args.drafter or default_drafter_path()), L)[0]  # drafting runs on the CPU
+    drafter = load_drafter(Path(args.drafter or default_drafter_path()), L)[0].to(adapter.device)
     graph = RankGraph.load(Path(args.graph or default_graph_path()))
     proposers: dict[tuple[str, int | str], Any] = {}
     for m in args.methods:

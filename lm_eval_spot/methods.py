@@ -58,6 +58,8 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> Proposer | None:
     drafter, graph = load_assets(
         args.mode, Path(args.drafter or default_drafter_path()), Path(args.graph or default_graph_path()), block_len
     )
+    if drafter is not None:
+        drafter = drafter.to(adapter.device)  # the order model runs beside the target (its inputs are small)
     if args.budget == "auto":
         from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
 

@@ -56,13 +56,18 @@ class LearnedOrder:
         # model sees at inference identical in kind to its training inputs (near-1 values saturate alike).
         topk = stale_topk(ctx.stale_logits, self.model.cfg.top_k).half().float()
         with torch.no_grad():
-            return self.model.shared_input(prob_features(topk))
+            return self.model.shared_input(prob_features(topk).to(self._device))
+
+    @property
+    def _device(self) -> torch.device:
+        return self.model.head.weight.device
 
     def probs(self, prep: torch.Tensor, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
+        # The model may sit on an accelerator (next to the target); the tree logic stays on the CPU.
         status = node_status(ctx.committed_before, ctx.eligible, depth_maps)
         with torch.no_grad():
-            logits = self.model.infer(prep, status, depth_maps)
-        return torch.softmax(logits, dim=-1).nan_to_num(0.0)
+            logits = self.model.infer(prep, status.to(self._device), depth_maps.to(self._device))
+        return torch.softmax(logits, dim=-1).nan_to_num(0.0).cpu()
 
 
 class StaleConfidenceOrder:
@@ -108,13 +113,14 @@ class TreeProposer:
             maps = torch.stack([depth_of[n] for n in frontier])
             q = self.order.probs(prep, ctx, maps)
             k = min(D, n_elig)
-            qv, qi = q.topk(k, dim=-1)
+            # A stable sort: equal probabilities (saturated confidences are common) go lowest slot first, as the
+            # target's own tie-break does (topk would pick among ties arbitrarily); candidate order is the
+            # tie-break of every later selection.
+            qv, qi = torch.sort(q, dim=-1, descending=True, stable=True)
+            qv, qi = qv[:, :k], qi[:, :k]
             for row, node in enumerate(frontier):
                 base = mass_of[node]
-                # Equal probabilities (saturated confidences are common) go lowest slot first, as the target's
-                # own tie-break does; candidate order is the tie-break of every later selection.
-                ranked = sorted(zip(qv[row].tolist(), qi[row].tolist(), strict=True), key=lambda t: (-t[0], t[1]))
-                for qq, pos in ranked:
+                for qq, pos in zip(qv[row].tolist(), qi[row].tolist(), strict=True):
                     if qq <= 0.0:
                         break
                     for h in (0, 1):
