@@ -6,7 +6,9 @@ expanded only while an optimistic bound says it could raise the round's rate, an
 (the top-D nodes by prefix mass) that maximises (1 + sum of their masses) / (forward time(1 + D) + drafting
 time). Prefix masses are the drafter's estimates of acceptance, so this also sets the mass floor (gamma) per
 round: a node is worth a replica only if its mass beats the round's rate times the replica's marginal cost.
-Any tree is verified exactly, so the output does not depend on these choices.
+The start-up curve times the order model alone; the tree bookkeeping per expanded node is learned online from the
+measured time of each level (a moving average), so tree sizes, and hence NFE, can vary from run to run. Any tree
+is verified exactly, so the output does not depend on these choices.
 """
 
 from __future__ import annotations
@@ -116,14 +118,33 @@ class AutoBudgetProposer(TreeProposer):
         super().__init__(order, cfg)
         self.costs = costs
         self._spent = 0.0
+        # Tree bookkeeping per expanded node (ms), learned online: the start-up curve times the order model alone.
+        self._per_node_ms = 0.0
+        self._level: tuple[float, int] | None = None  # (start time, nodes) of the level being expanded
 
     def propose(self, ctx):  # type: ignore[no-untyped-def]
         self._spent = 0.0
-        return super().propose(ctx)
+        self._level = None
+        tree = super().propose(ctx)
+        self._close_level()
+        return tree
+
+    def _level_ms(self, k: int) -> float:
+        return self.costs.drafter(k) + self._per_node_ms * k
+
+    def _close_level(self) -> None:
+        """Fold the measured time of the level just expanded into the per-node overhead (moving average)."""
+        if self._level is not None:
+            start, k = self._level
+            elapsed = 1000 * (time.perf_counter() - start)
+            extra = max(0.0, elapsed - self.costs.drafter(k)) / k
+            self._per_node_ms = 0.9 * self._per_node_ms + 0.1 * extra
+            self._level = None
 
     def _expand(
         self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float]
     ) -> list[int]:
+        self._close_level()
         current = sorted((mass[c] for c in selected), reverse=True)
         _, rate_now = best_cut(current, self.costs, self._spent)
         # Optimistic: each expanded node gets one child as likely as itself (a child never has more mass). Expand
@@ -132,11 +153,12 @@ class AutoBudgetProposer(TreeProposer):
         best_k, best_rate = 0, rate_now
         for k in range(1, len(ranked) + 1):
             hoped = sorted(current + [mass_of[n] for n in ranked[:k]], reverse=True)[: self.cfg.budget]
-            _, rate = best_cut(hoped, self.costs, self._spent + self.costs.drafter(k))
+            _, rate = best_cut(hoped, self.costs, self._spent + self._level_ms(k))
             if rate > best_rate:
                 best_k, best_rate = k, rate
         if best_k:
-            self._spent += self.costs.drafter(best_k)
+            self._spent += self._level_ms(best_k)
+            self._level = (time.perf_counter(), best_k)
         return ranked[:best_k]
 
     def _finish(self, selected: list[int], mass: list[float]) -> list[int]:
