@@ -95,9 +95,13 @@ def random_drafter_dir(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("mode", ["spot", "spot-gamma", "spot-chain"])
-def test_spot_modes_paired_with_control_are_exact(tiny_target_dir, random_drafter_dir, mode):
-    lm = SpotDLM(pretrained=str(tiny_target_dir), drafter=str(random_drafter_dir), mode=mode, budget=4,
+@pytest.mark.parametrize(
+    "mode,budget",
+    [("spot", 4), ("spot-gamma", 4), ("spot-chain", 4), ("free-chain", 4), ("conf-tree", 4), ("graph", 4),
+     ("oracle", 4), ("spot", "auto")],
+)
+def test_spot_modes_paired_with_control_are_exact(tiny_target_dir, random_drafter_dir, mode, budget):
+    lm = SpotDLM(pretrained=str(tiny_target_dir), drafter=str(random_drafter_dir), mode=mode, budget=budget,
                  control="paired", seed=1)
     reqs = [Instance("generate_until", {}, (c, {"until": ["\n\n"], "max_gen_toks": 14, **kw}), i)
             for i, (c, kw) in enumerate([("Hi", {}), ("Q: 3+4", {"do_sample": True, "temperature": 1.0})])]
@@ -106,7 +110,21 @@ def test_spot_modes_paired_with_control_are_exact(tiny_target_dir, random_drafte
     assert info["exact_match_to_control"] == 1.0
     for key in ("control_nfe_per_sample", "nfe_reduction", "throughput_ratio", "mean_accepted_per_round", "budget"):
         assert key in info
-    assert info["budget"] == 4
+    assert info["budget"] == budget
+    if mode == "oracle":
+        assert info["mean_accepted_per_round"] > 0
+
+
+def test_rejection_verifier_through_the_model_class(tiny_target_dir, random_drafter_dir):
+    lm = SpotDLM(pretrained=str(tiny_target_dir), drafter=str(random_drafter_dir), mode="spot-chain", budget=3,
+                 verify="rejection", seed=1)
+    out = lm.generate_until([Instance("generate_until", {}, ("Hi", {"until": ["\n\n"], "max_gen_toks": 10,
+                                                                     "do_sample": True, "temperature": 1.0}), 0)])
+    assert len(out) == 1 and lm.get_model_info()["spot_args"]["verify"] == "rejection"
+    with pytest.raises(SpotArgError, match="verify=rejection needs a chain"):
+        SpotDLM(pretrained=str(tiny_target_dir), mode="spot", verify="rejection")
+    with pytest.raises(SpotArgError, match="budget=auto"):
+        SpotDLM(pretrained=str(tiny_target_dir), mode="graph", budget="auto")
 
 
 def test_drafter_arg_errors(tiny_target_dir, tmp_path):
