@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +40,7 @@ class TrainConfig:
     heldout_frac: float = 0.1
     seed: int = 0
     minutes: float | None = None  # stop early (and still save) after this much training time
+    model: OrderModelConfig = field(default_factory=OrderModelConfig)  # default: the paper's 0.62M order model
 
 
 def training_prompts(task: str, n: int, prompts_file: str | None) -> list[str]:
@@ -119,7 +120,7 @@ def train(out: Path, cfg: TrainConfig) -> OrderModel:
     train_ex, held_ex = split_examples(traj, cfg)
     log.info("examples: %d train, %d held-out (rounds %d)", len(train_ex), len(held_ex), len(traj.pos))
     torch.manual_seed(cfg.seed)
-    model = OrderModel(OrderModelConfig())
+    model = OrderModel(cfg.model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt = out / "train_ckpt.pt"
     step = 0
@@ -202,6 +203,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=TrainConfig.batch)
     ap.add_argument("--minutes", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--d-model", type=int, default=OrderModelConfig.d_model, help="order model width")
+    ap.add_argument("--heads", type=int, default=OrderModelConfig.n_heads)
+    ap.add_argument("--layers", type=int, default=OrderModelConfig.n_layers)
+    ap.add_argument("--d-ff", type=int, default=OrderModelConfig.d_ff)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads (use 1 when another job shares the cores: OpenMP spin-waits collapse)")
     args = ap.parse_args(argv)
@@ -209,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(max(1, args.threads))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    cfg = TrainConfig(steps=args.steps, batch=args.batch, minutes=args.minutes, seed=args.seed)
+    model_cfg = OrderModelConfig(d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, d_ff=args.d_ff)
+    cfg = TrainConfig(steps=args.steps, batch=args.batch, minutes=args.minutes, seed=args.seed, model=model_cfg)
     t0 = time.time()
     if args.step in ("collect", "all"):
         collect(out, args.target, training_prompts(args.task, args.n_prompts, args.prompts_file), args.block_len,
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.step in ("evaluate", "all", "train"):
         traj = load_trajectories(out)
         _, held = split_examples(traj, cfg)
-        model = OrderModel(OrderModelConfig())
+        model = OrderModel(cfg.model)
         model.load_state_dict(torch.load(out / "train_ckpt.pt", weights_only=True)["model"])
         model.eval()
         scores = evaluate(model, traj, held)
