@@ -14,7 +14,9 @@ is verified exactly, so the output does not depend on these choices.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +24,7 @@ import torch
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.features import MASKED
-from lm_eval_spot.drafter.model import OrderModel
+from lm_eval_spot.drafter.model import DrafterModel
 from lm_eval_spot.drafter.proposer import OrderSource, TreeConfig, TreeProposer
 
 log = logging.getLogger("lm_eval.spot")
@@ -39,6 +41,7 @@ class CostModel:
     nodes: tuple[int, ...]
     drafter_ms: tuple[float, ...]
     max_budget: int = MAX_BUDGET
+    prepare_ms: float = 0.0  # the order model's once-per-round work (input features, the factored encoder)
 
     def target(self, r: int) -> float:
         return _interp(self.replicas, self.target_ms, r)
@@ -57,7 +60,7 @@ def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
     return ys[-1] + (ys[-1] - ys[-2]) * (x - xs[-1]) / (xs[-1] - xs[-2])
 
 
-def measure_costs(adapter: TargetAdapter, drafter: OrderModel, max_budget: int = MAX_BUDGET, repeats: int = 9) -> CostModel:
+def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int = MAX_BUDGET, repeats: int = 9) -> CostModel:
     """Time the target on R replicas of a block (after a 2-block prefix) and the drafter on N states.
 
     Each size keeps its fastest repeat (after a warm-up): a job sharing the cores inflates some repeats at
@@ -72,21 +75,27 @@ def measure_costs(adapter: TargetAdapter, drafter: OrderModel, max_budget: int =
     session.block_logits(block[None])  # stores the prefix
     replicas = tuple(r for r in (1, 2, 3, 5, 9, 13, 17) if r < max_budget + 1) + (max_budget + 1,)
     nodes = (1, 2, 4, 8, 16)
-    dev = drafter.head.weight.device
-    feat = torch.rand(L, 2 * drafter.cfg.top_k, device=dev)
-    status = torch.full((1, L), MASKED, dtype=torch.long, device=dev)
+    gen = torch.Generator().manual_seed(0)
+    stale = torch.randn(L, info.vocab_size, generator=gen) * 4
+    committed = torch.zeros(L, dtype=torch.bool)
+    committed[: L // 2] = True
     t_samples: dict[int, list[float]] = {r: [] for r in replicas}
     d_samples: dict[int, list[float]] = {n: [] for n in nodes}
+    p_samples: list[float] = []
     with torch.no_grad():
-        shared = drafter.shared_input(feat)
         for _ in range(repeats):  # interleaved, so drift hits every size alike
             for r in replicas:
                 t0 = time.perf_counter()
                 session.block_logits(block[None].repeat(r, 1))
                 t_samples[r].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            prep = drafter.prepare(stale, committed, ~committed)
+            p_samples.append(time.perf_counter() - t0)
             for n in nodes:
+                maps = torch.zeros(n, L, dtype=torch.long)
+                maps[:, L // 2] = 1
                 t0 = time.perf_counter()
-                drafter.infer(shared, status.repeat(n, 1), torch.zeros(n, L, dtype=torch.long, device=dev)).cpu()
+                drafter.node_probs(prep, maps)
                 d_samples[n].append(time.perf_counter() - t0)
     costs = CostModel(
         replicas,
@@ -94,10 +103,12 @@ def measure_costs(adapter: TargetAdapter, drafter: OrderModel, max_budget: int =
         nodes,
         tuple(1000 * min(d_samples[n][1:]) for n in nodes),
         max_budget,
+        1000 * min(p_samples[1:]),
     )
     log.info(
-        "budget=auto cost curve (ms): target %s; drafter %s",
+        "budget=auto cost curve (ms): target %s; drafter per round %.2f, per level %s",
         ", ".join(f"R={r}: {c:.2f}" for r, c in zip(costs.replicas, costs.target_ms, strict=True)),
+        costs.prepare_ms,
         ", ".join(f"N={n}: {c:.2f}" for n, c in zip(costs.nodes, costs.drafter_ms, strict=True)),
     )
     return costs
@@ -123,11 +134,14 @@ class AutoBudgetProposer(TreeProposer):
         self.costs = costs
         self._spent = 0.0
         # Tree bookkeeping per expanded node (ms), learned online: the start-up curve times the order model alone.
+        # The median of recent levels: a mean let one level stalled by another process inflate the estimate, and
+        # rounds that then drafted nothing never measured it down again.
         self._per_node_ms = 0.0
+        self._per_node_samples: deque[float] = deque(maxlen=31)
         self._level: tuple[float, int] | None = None  # (start time, nodes) of the level being expanded
 
     def propose(self, ctx):  # type: ignore[no-untyped-def]
-        self._spent = 0.0
+        self._spent = self.costs.prepare_ms
         self._level = None
         if not self._root_pays():
             return DraftTree.empty()  # decided from costs alone: skip even the drafter's input features
@@ -137,7 +151,7 @@ class AutoBudgetProposer(TreeProposer):
 
     def _root_pays(self) -> bool:
         """Could even a sure first drafted state beat plain decoding, at the measured costs?"""
-        _, rate = best_cut([1.0], self.costs, self._level_ms(1))
+        _, rate = best_cut([1.0], self.costs, self.costs.prepare_ms + self._level_ms(1))
         return rate > 1.0 / self.costs.target(1)
 
     def _level_ms(self, k: int) -> float:
@@ -148,8 +162,8 @@ class AutoBudgetProposer(TreeProposer):
         if self._level is not None:
             start, k = self._level
             elapsed = 1000 * (time.perf_counter() - start)
-            extra = max(0.0, elapsed - self.costs.drafter(k)) / k
-            self._per_node_ms = 0.9 * self._per_node_ms + 0.1 * extra
+            self._per_node_samples.append(max(0.0, elapsed - self.costs.drafter(k)) / k)
+            self._per_node_ms = statistics.median(self._per_node_samples)
             self._level = None
 
     def _expand(

@@ -9,7 +9,7 @@ from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.baselines.graph import GraphProposer, RankGraph
 from lm_eval_spot.config import SpotArgs, default_drafter_path, default_graph_path
 from lm_eval_spot.decoding.proposer import Proposer
-from lm_eval_spot.drafter.model import OrderModel, load_drafter
+from lm_eval_spot.drafter.model import DrafterModel, load_drafter
 from lm_eval_spot.drafter.proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
 
 LEARNED_MODES = ("spot", "spot-gamma", "spot-chain")
@@ -22,7 +22,7 @@ class MethodSpec:
     gamma: float = 0.05  # used by spot-gamma only
 
 
-def make_proposer(spec: MethodSpec, drafter: OrderModel | None = None, graph: RankGraph | None = None) -> Proposer | None:
+def make_proposer(spec: MethodSpec, drafter: DrafterModel | None = None, graph: RankGraph | None = None) -> Proposer | None:
     """The proposer of a fixed-budget mode (None for control; the oracle is built per request, see baselines)."""
     m, D = spec.mode, spec.budget
     if m == "control":
@@ -44,7 +44,7 @@ def make_proposer(spec: MethodSpec, drafter: OrderModel | None = None, graph: Ra
     raise ValueError(f"no fixed proposer for mode={m!r}")
 
 
-def load_assets(mode: str, drafter_path: Path, graph_path: Path, block_len: int) -> tuple[OrderModel | None, RankGraph | None]:
+def load_assets(mode: str, drafter_path: Path, graph_path: Path, block_len: int) -> tuple[DrafterModel | None, RankGraph | None]:
     drafter = load_drafter(drafter_path, block_len)[0] if mode in LEARNED_MODES else None
     graph = RankGraph.load(graph_path) if mode == "graph" else None
     return drafter, graph

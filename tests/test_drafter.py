@@ -9,16 +9,18 @@ import torch
 from lm_eval.api.instance import Instance
 
 from lm_eval_spot.config import SpotArgError
-from lm_eval_spot.drafter.data import Trajectories, make_batch, replay_examples
-from lm_eval_spot.drafter.features import COMMITTED, FEATURE_VERSION, MASKED, ON_PATH
+from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, make_batch, make_round_batch, replay_examples
+from lm_eval_spot.drafter.factored import FACTORED_FEATURE_VERSION, FactoredConfig, FactoredOrderModel
+from lm_eval_spot.drafter.features import COMMITTED, FEATURE_VERSION, INACTIVE, MASKED, ON_PATH
 from lm_eval_spot.drafter.model import (DrafterMeta, DrafterMismatchError, OrderModel, OrderModelConfig,
-                                        load_drafter, n_params, save_drafter)
+                                        feature_version_of, load_drafter, n_params, save_drafter)
 from lm_eval_spot.drafter.train import main as train_main
 from lm_eval_spot.lm import SpotDLM
 
 
 def test_order_model_size_matches_paper():
     assert 600_000 <= n_params(OrderModel(OrderModelConfig())) <= 640_000
+    assert 600_000 <= n_params(FactoredOrderModel(FactoredConfig())) <= 640_000
 
 
 def toy_trajectory(L: int = 4) -> Trajectories:
@@ -32,7 +34,8 @@ def toy_trajectory(L: int = 4) -> Trajectories:
         state[p] = True
     R = len(order)
     return Trajectories(
-        topk=torch.rand(R, L, 32).sort(-1, descending=True).values.half(), top1=torch.zeros(R, L, dtype=torch.int32),
+        topk=torch.rand(R, L, 32).sort(-1, descending=True).values.half(), conf=torch.rand(R, L),
+        log1m=-torch.rand(R, L), top1=torch.zeros(R, L, dtype=torch.int32),
         committed=torch.stack(committed), eligible=torch.stack(eligible), pos=torch.tensor(order),
         tok=torch.tensor([5, 6, 7, 8]), block_id=torch.zeros(R, dtype=torch.long), sample_id=torch.zeros(R, dtype=torch.long),
     )
@@ -52,31 +55,86 @@ def test_prefix_replay_examples_and_batch():
     torch.testing.assert_close(b.stale_conf[0], traj.topk[0, :, 0].float())
 
 
-def test_drafter_checkpoint_metadata_checked(tmp_path):
-    model = OrderModel(OrderModelConfig())
-    save_drafter(model, DrafterMeta(FEATURE_VERSION, 32, (32,), "t", "task", 0.8, 0.3), tmp_path / "d")
+def test_round_batch_replays_every_depth_of_a_root():
+    traj = toy_trajectory()
+    b = make_round_batch(traj, torch.tensor([1]), max_depth=4, rank_pad=64)
+    # root = round 1 (slot 2 committed); depths k = 0, 1, 2 are inside the block, k = 3 is not
+    assert b.valid[0].tolist() == [True, True, True, False]
+    assert b.label[0, :3].tolist() == [0, 3, 1]
+    assert b.last[0, :3].tolist() == [-1, 0, 3]
+    assert b.on_path[0, 0].tolist() == [False] * 4
+    assert b.on_path[0, 2].tolist() == [True, False, False, True]
+    assert b.status[0].tolist() == [MASKED, MASKED, COMMITTED, MASKED]
+    # rank by the stale (round 0) float32 confidence among eligible slots; ineligible slots get the pad
+    conf = traj.conf[0]
+    elig = [0, 1, 3]
+    expect = sorted(elig, key=lambda i: (-float(conf[i]), i))
+    assert [int(b.rank[0, i]) for i in expect] == [0, 1, 2] and int(b.rank[0, 2]) == 64
+
+
+def test_factored_training_inputs_equal_inference_inputs():
+    """The tables the model is trained on (from stored trajectories) equal those it drafts from (live logits)."""
+    torch.manual_seed(0)
+    L, V = 8, 40
+    logits = torch.randn(3, L, V) * 4
+    logits[1, 5] = -20.0
+    logits[1, 5, 7] = 25.0  # a near-1 confidence: float16 top-k rounds it to 1, log1m keeps it
+    logits[1, 6] = logits[1, 5]  # an exact confidence tie: the rank must break it by lowest slot
+    rec = TrajectoryRecorder(0, 0)
+    state = torch.full((L,), 1)
+    for r, p in enumerate([2, 4, 0]):
+        elig = state == 1
+        rec.on_commit(0, state.clone(), elig, logits[r], p, 9)
+        state[p] = 9
+    traj = rec.result(mask_id=1)
+    model = FactoredOrderModel(FactoredConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, max_block_len=L)).eval()
+    b = make_round_batch(traj, torch.tensor([2]), max_depth=1, rank_pad=L)
+    with torch.no_grad():
+        trained = model.node_logits(model.tables(b.feat, b.rank, b.status), b.on_path, b.last)[0, 0]
+        live = model.prepare(logits[1], traj.committed[2], traj.eligible[2])
+        drafted = model.node_logits(live, torch.zeros(1, 1, L, dtype=torch.bool), torch.full((1, 1), -1))[0, 0]
+    torch.testing.assert_close(trained, drafted)
+    assert int(b.rank[0, 5]) < int(b.rank[0, 6])
+    assert float(traj.log1m[1, 5]) < -40  # precise where 1 - float16(p) is 0
+    assert b.status[0].tolist().count(INACTIVE) == 0
+
+
+@pytest.mark.parametrize("arch", ["encoder", "factored"])
+def test_drafter_checkpoint_metadata_checked(tmp_path, arch):
+    if arch == "factored":
+        model = FactoredOrderModel(FactoredConfig())
+    else:
+        model = OrderModel(OrderModelConfig())
+    save_drafter(model, DrafterMeta(feature_version_of(model), 32, (32,), "t", "task", 0.8, 0.3), tmp_path / "d")
     loaded, meta = load_drafter(tmp_path / "d", block_len=32)
+    assert type(loaded) is type(model)
     assert meta.heldout_accuracy == 0.8
     for k, v in model.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k])
     with pytest.raises(DrafterMismatchError, match="block length.*block_len=16"):
         load_drafter(tmp_path / "d", block_len=16)
     doc = json.loads((tmp_path / "d" / "drafter.json").read_text())
-    doc["meta"]["feature_version"] = FEATURE_VERSION + 1
+    doc["meta"]["feature_version"] = 7
     (tmp_path / "d" / "drafter.json").write_text(json.dumps(doc))
     with pytest.raises(DrafterMismatchError, match="feature version"):
         load_drafter(tmp_path / "d", block_len=32)
+    doc["config"]["arch"] = "lstm"
+    (tmp_path / "d" / "drafter.json").write_text(json.dumps(doc))
+    with pytest.raises(DrafterMismatchError, match="unknown drafter arch 'lstm'"):
+        load_drafter(tmp_path / "d", block_len=32)
 
 
-def test_training_command_collect_train_evaluate_resume(tiny_target_dir, tmp_path):
+@pytest.mark.parametrize("arch,version", [("factored", FACTORED_FEATURE_VERSION), ("encoder", FEATURE_VERSION)])
+def test_training_command_collect_train_evaluate_resume(tiny_target_dir, tmp_path, arch, version):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Q: {i}+{i}=?\nA:"}) + "\n" for i in range(12)))
     out = tmp_path / "run"
     args = ["all", "--out", str(out), "--target", str(tiny_target_dir), "--prompts-file", str(prompts),
-            "--n-prompts", "12", "--max-gen-toks", "20", "--steps", "6", "--batch", "16"]
+            "--n-prompts", "12", "--max-gen-toks", "20", "--arch", arch, "--steps", "6", "--batch", "16"]
     train_main(args)
     doc = json.loads((out / "drafter" / "drafter.json").read_text())
-    assert doc["meta"]["block_lens"] == [8] and doc["meta"]["feature_version"] == FEATURE_VERSION
+    assert doc["meta"]["block_lens"] == [8] and doc["meta"]["feature_version"] == version
+    assert doc["config"].get("arch", "encoder") == arch
     assert 0.0 <= doc["meta"]["heldout_accuracy"] <= 1.0
     ck = torch.load(out / "train_ckpt.pt", weights_only=True)
     assert ck["step"] == 6
@@ -87,11 +145,12 @@ def test_training_command_collect_train_evaluate_resume(tiny_target_dir, tmp_pat
     assert next((out / "trajectories").glob("*.safetensors")).stat().st_mtime == shard_mtime
 
 
-@pytest.fixture(scope="module")
-def random_drafter_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=["factored", "encoder"])
+def random_drafter_dir(tmp_path_factory, request):
     d = tmp_path_factory.mktemp("drafter")
     torch.manual_seed(0)
-    save_drafter(OrderModel(OrderModelConfig()), DrafterMeta(FEATURE_VERSION, 32, (8,), "tiny", "none"), d)
+    model = FactoredOrderModel(FactoredConfig()) if request.param == "factored" else OrderModel(OrderModelConfig())
+    save_drafter(model, DrafterMeta(feature_version_of(model), 32, (8,), "tiny", "none"), d)
     return d
 
 

@@ -10,7 +10,8 @@ from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.proposer import RoundContext
 from lm_eval_spot.decoding.tree import DraftTree
-from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
+from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
+from lm_eval_spot.drafter.model import DrafterModel, OrderModel, OrderModelConfig
 from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
 
 from tiny import build_model
@@ -80,21 +81,23 @@ def test_oracle_tree_is_exact_and_saves_forwards(L, T, corrupt_at):
         assert max(spec.accepted) == corrupt_at  # nothing past a wrong edge is ever accepted
 
 
-def random_drafter(seed: int) -> OrderModel:
+def random_drafter(seed: int, arch: str = "encoder") -> DrafterModel:
     torch.manual_seed(seed)
-    return OrderModel(OrderModelConfig())
+    return FactoredOrderModel(FactoredConfig()) if arch == "factored" else OrderModel(OrderModelConfig())
 
 
 @pytest.mark.parametrize("T", [0.0, 1.0])
 @pytest.mark.parametrize("L", [16, 32])
-@pytest.mark.parametrize("budget", [1, 4, 8, 20])
 @pytest.mark.parametrize("gamma,chain", [(0.0, False), (0.05, False), (0.0, True)])
-def test_random_weight_drafter_never_breaks_exactness(L, T, budget, gamma, chain):
+# The tree code is shared; the per-node encoder (v1) keeps two budgets, the default factored model all four.
+@pytest.mark.parametrize("arch,budget", [("factored", 1), ("factored", 4), ("factored", 8), ("factored", 20),
+                                         ("encoder", 4), ("encoder", 20)])
+def test_random_weight_drafter_never_breaks_exactness(L, T, budget, gamma, chain, arch):
     adapter = adapter_for(L, seed=1)
     prompt = list(range(7, 7 + 5))
     cfg = DecodeConfig(max_gen_toks=L // 2 + 12, temperature=T)  # spans two blocks
     control = decode(adapter, prompt, cfg, seed=9)
-    prop = SpotProposer(random_drafter(budget), TreeConfig(budget=budget, gamma=gamma, chain=chain))
+    prop = SpotProposer(random_drafter(budget, arch), TreeConfig(budget=budget, gamma=gamma, chain=chain))
     spec = decode(adapter, prompt, cfg, seed=9, proposer=prop)
     assert spec.token_ids == control.token_ids
     assert spec.stop_reason == control.stop_reason
@@ -102,7 +105,8 @@ def test_random_weight_drafter_never_breaks_exactness(L, T, budget, gamma, chain
     assert spec.committed >= len(spec.token_ids)
 
 
-def test_tree_respects_budget_and_gamma():
+@pytest.mark.parametrize("arch", ["factored", "encoder"])
+def test_tree_respects_budget_and_gamma(arch):
     L = 16
     torch.manual_seed(0)
     logits = torch.randn(L, V) * 3
@@ -110,7 +114,7 @@ def test_tree_respects_budget_and_gamma():
     state = torch.full((L,), MASK)
     state[:3] = 9
     ctx = RoundContext(state, state == MASK, state != MASK, logits, 0.0, None, MASK)
-    model = random_drafter(0)
+    model = random_drafter(0, arch)
     full = SpotProposer(model, TreeConfig(budget=12)).propose(ctx)
     assert full.size == 12
     floor = SpotProposer(model, TreeConfig(budget=12, gamma=0.2)).propose(ctx)

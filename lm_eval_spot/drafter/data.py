@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lm_eval_spot.drafter.features import TOP_K, node_status, prob_features
+from lm_eval_spot.decoding.transition import clean_confidence
+from lm_eval_spot.drafter.features import TOP_K, log1m_top1, node_status, prob_features
 
 
 @dataclass
@@ -19,6 +20,8 @@ class Trajectories:
     """Rounds of many blocks, concatenated. R rounds, L slots, k = top-k."""
 
     topk: torch.Tensor  # [R, L, k] float16: target probabilities at the round's state, sorted
+    conf: torch.Tensor  # [R, L] float32: clean confidence exactly as the transition computes it (ranks and ties)
+    log1m: torch.Tensor  # [R, L] float32: log(1 - top-1 probability), precise where float16 p rounds to 1
     top1: torch.Tensor  # [R, L] int32: the target's argmax token per slot at that state
     committed: torch.Tensor  # [R, L] bool: slots holding a token at the round's state
     eligible: torch.Tensor  # [R, L] bool: masked slots inside the generation window
@@ -32,6 +35,9 @@ class Trajectories:
 
     @staticmethod
     def from_dict(d: dict[str, torch.Tensor]) -> Trajectories:
+        missing = [k for k in Trajectories.__dataclass_fields__ if k not in d]
+        if missing:
+            raise ValueError(f"trajectory shard lacks {missing} (written by an older version): collect again")
         return Trajectories(**{k: d[k] for k in Trajectories.__dataclass_fields__})
 
     @staticmethod
@@ -49,16 +55,18 @@ class TrajectoryRecorder:
     def on_commit(self, block, state, eligible, logits, pos, tok) -> None:
         probs = torch.softmax(logits.float(), dim=-1)
         top = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
-        self.rows.append((top.values.half(), top.indices[:, 0].int(), eligible.clone(), state.clone(), pos, tok,
-                          self.block_offset + block))
+        self.rows.append((top.values.half(), clean_confidence(logits), log1m_top1(logits), top.indices[:, 0].int(),
+                          eligible.clone(), state.clone(), pos, tok, self.block_offset + block))
 
     def result(self, mask_id: int) -> Trajectories | None:
         if not self.rows:
             return None
-        vals, top1, elig, states, pos, tok, blk = zip(*self.rows, strict=True)
+        vals, conf, log1m, top1, elig, states, pos, tok, blk = zip(*self.rows, strict=True)
         st = torch.stack(states)
         return Trajectories(
             topk=torch.stack(vals),
+            conf=torch.stack(conf),
+            log1m=torch.stack(log1m),
             top1=torch.stack(top1),
             committed=st != mask_id,
             eligible=torch.stack(elig),
@@ -109,3 +117,59 @@ def make_batch(traj: Trajectories, ex: torch.Tensor) -> Batch:
     status = node_status(traj.committed[r], traj.eligible[r], depth)
     stale = traj.topk[r - 1].float()
     return Batch(prob_features(stale), status, depth, traj.pos[r + k], stale[..., 0])
+
+
+def block_bounds(traj: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per round: index of its block's first and last round. [R], [R]."""
+    blk = traj.block_id
+    R = blk.shape[0]
+    idx = torch.arange(R)
+    starts = torch.ones(R, dtype=torch.bool)
+    starts[1:] = blk[1:] != blk[:-1]
+    ends = torch.ones(R, dtype=torch.bool)
+    ends[:-1] = blk[1:] != blk[:-1]
+    first = torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), 0).values
+    last = torch.flip(torch.cummin(torch.flip(torch.where(ends, idx, torch.full_like(idx, R)), [0]), 0).values, [0])
+    return first, last
+
+
+def draftable_rounds(traj: Trajectories) -> torch.Tensor:
+    """Rounds with a stale round before them in the same block (a block's first round drafts nothing)."""
+    first, _ = block_bounds(traj)
+    return torch.nonzero(torch.arange(len(first)) > first).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class RoundBatch:
+    """B roots, each with its K replayed prefixes (k = 0..K-1 true commits): the factored model's batch."""
+
+    feat: torch.Tensor  # [B, L, 2k+1]
+    rank: torch.Tensor  # [B, L]
+    status: torch.Tensor  # [B, L] root status
+    on_path: torch.Tensor  # [B, K, L] bool
+    last: torch.Tensor  # [B, K] slot of the last replayed commit, -1 for k = 0
+    label: torch.Tensor  # [B, K] the next true commit
+    valid: torch.Tensor  # [B, K] bool: r + k inside the block
+    stale_conf: torch.Tensor  # [B, L] float32 stale confidence (the confidence-order baseline)
+    eligible: torch.Tensor  # [B, L]
+
+
+def make_round_batch(traj: Trajectories, rounds: torch.Tensor, max_depth: int, rank_pad: int) -> RoundBatch:
+    """rounds [B] (draftable) -> every replay depth k < max_depth of each, stale = round r-1 held fixed."""
+    from lm_eval_spot.drafter.factored import round_inputs
+
+    _, block_last = block_bounds(traj)
+    r = rounds
+    K = max_depth
+    steps = r[:, None] + torch.arange(K)[None]  # round of the k-th replayed commit
+    valid = steps <= block_last[r][:, None]
+    pos = traj.pos[steps.clamp_max(len(traj.pos) - 1)]
+    L = traj.committed.shape[1]
+    onehot = torch.nn.functional.one_hot(pos, L).bool() & valid[..., None]
+    on_path = torch.zeros_like(onehot)
+    on_path[:, 1:] = onehot.cumsum(1)[:, :-1] > 0
+    last = torch.full_like(pos, -1)
+    last[:, 1:] = pos[:, :-1]
+    feat, rank, status = round_inputs(traj.topk[r - 1], traj.conf[r - 1], traj.log1m[r - 1], traj.committed[r],
+                                      traj.eligible[r], rank_pad)
+    return RoundBatch(feat, rank, status, on_path, last, pos, valid, traj.conf[r - 1], traj.eligible[r])

@@ -25,6 +25,14 @@ def stale_topk(stale_logits: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
     return probs.topk(min(k, probs.shape[-1]), dim=-1).values
 
 
+def log1m_top1(logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] logits -> [...] log(1 - max_v p_v), computed from the logits so it stays precise when p ~ 1."""
+    lf = logits.float()
+    top = lf.argmax(dim=-1, keepdim=True)
+    rest = lf.scatter(-1, top, float("-inf"))
+    return torch.logsumexp(rest, dim=-1) - torch.logsumexp(lf, dim=-1)
+
+
 def prob_features(topk_probs: torch.Tensor) -> torch.Tensor:
     """[..., L, k] probabilities -> [..., L, 2k] model inputs (p and log p; log keeps tails distinguishable)."""
     p = topk_probs.float()

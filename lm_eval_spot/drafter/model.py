@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_spot.drafter.features import FEATURE_VERSION, MASKED, MAX_DEPTH, TOP_K
+from lm_eval_spot.drafter.features import (FEATURE_VERSION, MASKED, MAX_DEPTH, TOP_K, node_status, prob_features,
+                                           stale_topk)
 
 
 class DrafterMismatchError(ValueError):
@@ -103,11 +104,36 @@ class OrderModel(nn.Module):
         return logits.masked_fill(status != MASKED, float("-inf"))
 
 
+    # The interface the tree proposer and the cost measurement use (shared with factored.FactoredOrderModel).
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    @torch.no_grad()
+    def prepare(
+        self, stale_logits: torch.Tensor, committed: torch.Tensor, eligible: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # Trajectories store top-k probabilities in float16; rounding the same way here keeps the inputs the
+        # model sees at inference identical in kind to its training inputs (near-1 values saturate alike).
+        topk = stale_topk(stale_logits.to(self.device), self.cfg.top_k).half().float()
+        return self.shared_input(prob_features(topk)), committed.to(self.device), eligible.to(self.device)
+
+    @torch.no_grad()
+    def node_probs(self, prep: tuple[torch.Tensor, torch.Tensor, torch.Tensor], depth_maps: torch.Tensor) -> torch.Tensor:
+        shared, committed, eligible = prep
+        dm = depth_maps.to(self.device)
+        logits = self.infer(shared, node_status(committed, eligible, dm), dm)
+        return torch.softmax(logits, dim=-1).nan_to_num(0.0).cpu()
+
+
+DrafterModel = Any  # OrderModel | factored.FactoredOrderModel (a union would make the modules import each other)
+
+
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def save_drafter(model: OrderModel, meta: DrafterMeta, out_dir: Path) -> None:
+def save_drafter(model: DrafterModel, meta: DrafterMeta, out_dir: Path) -> None:
     """Weights (safetensors) + config/metadata (JSON), each written atomically."""
     from safetensors.torch import save_file
 
@@ -123,7 +149,27 @@ def save_drafter(model: OrderModel, meta: DrafterMeta, out_dir: Path) -> None:
     os.replace(tmp_json, out_dir / "drafter.json")
 
 
-def load_drafter(path: Path, block_len: int) -> tuple[OrderModel, DrafterMeta]:
+def feature_version_of(model: DrafterModel) -> int:
+    from lm_eval_spot.drafter.factored import FACTORED_FEATURE_VERSION, FactoredOrderModel
+
+    return FACTORED_FEATURE_VERSION if isinstance(model, FactoredOrderModel) else FEATURE_VERSION
+
+
+def build_model(config: dict[str, Any]) -> DrafterModel:
+    """A model from its saved config: `arch` "factored" (feature version 2) or absent (the per-node encoder, v1)."""
+    from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
+
+    config = dict(config)
+    arch = config.get("arch", "encoder")
+    if arch == "factored":
+        return FactoredOrderModel(FactoredConfig(**config))
+    if arch != "encoder":
+        raise DrafterMismatchError(f"spot-dlm: unknown drafter arch {arch!r}; accepted: 'factored' or 'encoder'")
+    config.pop("arch", None)
+    return OrderModel(OrderModelConfig(**config))
+
+
+def load_drafter(path: Path, block_len: int) -> tuple[DrafterModel, DrafterMeta]:
     """Load a drafter folder; fail clearly if it does not fit (feature version, block length)."""
     from safetensors.torch import load_file
 
@@ -135,16 +181,17 @@ def load_drafter(path: Path, block_len: int) -> tuple[OrderModel, DrafterMeta]:
     meta_d = doc["meta"]
     meta_d["block_lens"] = tuple(meta_d["block_lens"])
     meta = DrafterMeta(**meta_d)
-    if meta.feature_version != FEATURE_VERSION:
+    model = build_model(doc["config"])
+    expected = feature_version_of(model)
+    if meta.feature_version != expected:
         raise DrafterMismatchError(
             f"spot-dlm: drafter {str(path)!r} has feature version {meta.feature_version}, this code reads "
-            f"version {FEATURE_VERSION}; retrain it with python -m lm_eval_spot.drafter.train"
+            f"version {expected} for its architecture; retrain it with python -m lm_eval_spot.drafter.train"
         )
     if block_len not in meta.block_lens:
         raise DrafterMismatchError(
             f"spot-dlm: drafter {str(path)!r} was trained for block length(s) {list(meta.block_lens)}, "
             f"the target runs block_len={block_len}; accepted: block_len in {list(meta.block_lens)} or another drafter"
         )
-    model = OrderModel(OrderModelConfig(**doc["config"]))
     model.load_state_dict(load_file(str(path / "drafter.safetensors")))
     return model.eval(), meta

@@ -14,8 +14,8 @@ import torch
 
 from lm_eval_spot.decoding.proposer import RoundContext, token_hypotheses
 from lm_eval_spot.decoding.tree import DraftTree
-from lm_eval_spot.drafter.features import MASKED, node_status, prob_features, stale_topk
-from lm_eval_spot.drafter.model import OrderModel
+from lm_eval_spot.drafter.features import MASKED, node_status
+from lm_eval_spot.drafter.model import DrafterModel
 
 
 @dataclass(frozen=True)
@@ -45,29 +45,18 @@ class OrderSource(Protocol):
 
 
 class LearnedOrder:
-    """SPOT: the trained commit-order model."""
+    """SPOT: a trained commit-order model (either architecture: `model.OrderModel` or the factored one)."""
 
-    def __init__(self, model: OrderModel) -> None:
+    def __init__(self, model: DrafterModel) -> None:
         self.model = model.eval()
 
-    def begin(self, ctx: RoundContext) -> torch.Tensor:
+    def begin(self, ctx: RoundContext) -> Any:
         assert ctx.stale_logits is not None
-        # Trajectories store top-k probabilities in float16; rounding the same way here keeps the inputs the
-        # model sees at inference identical in kind to its training inputs (near-1 values saturate alike).
-        topk = stale_topk(ctx.stale_logits, self.model.cfg.top_k).half().float()
-        with torch.no_grad():
-            return self.model.shared_input(prob_features(topk).to(self._device))
-
-    @property
-    def _device(self) -> torch.device:
-        return self.model.head.weight.device
-
-    def probs(self, prep: torch.Tensor, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
         # The model may sit on an accelerator (next to the target); the tree logic stays on the CPU.
-        status = node_status(ctx.committed_before, ctx.eligible, depth_maps)
-        with torch.no_grad():
-            logits = self.model.infer(prep, status.to(self._device), depth_maps.to(self._device))
-        return torch.softmax(logits, dim=-1).nan_to_num(0.0).cpu()
+        return self.model.prepare(ctx.stale_logits, ctx.committed_before, ctx.eligible)
+
+    def probs(self, prep: Any, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
+        return self.model.node_probs(prep, depth_maps)
 
 
 class StaleConfidenceOrder:
@@ -186,6 +175,6 @@ class TreeProposer:
         return DraftTree(tuple(out_parent), tuple(out_pos), tuple(out_tok))
 
 
-def SpotProposer(model: OrderModel, cfg: TreeConfig) -> TreeProposer:  # noqa: N802 (a constructor by role)
+def SpotProposer(model: DrafterModel, cfg: TreeConfig) -> TreeProposer:  # noqa: N802 (a constructor by role)
     """SPOT: the best-first tree over the learned order model."""
     return TreeProposer(LearnedOrder(model), cfg)

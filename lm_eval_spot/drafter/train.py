@@ -20,9 +20,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, make_batch, replay_examples
-from lm_eval_spot.drafter.features import FEATURE_VERSION, TOP_K
-from lm_eval_spot.drafter.model import DrafterMeta, OrderModel, OrderModelConfig, n_params, save_drafter
+from lm_eval_spot.drafter.data import (Trajectories, TrajectoryRecorder, draftable_rounds, make_batch,
+                                       make_round_batch, replay_examples)
+from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
+from lm_eval_spot.drafter.features import TOP_K
+from lm_eval_spot.drafter.model import (DrafterMeta, DrafterModel, OrderModel, OrderModelConfig, build_model,
+                                        feature_version_of, n_params, save_drafter)
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ SHARD = 100  # prompts per trajectory shard
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 3000
-    batch: int = 256
+    batch: int = 256  # examples per step (encoder) or roots per step, each with all its replay depths (factored)
     lr: float = 1e-3
     weight_decay: float = 0.01
     warmup: int = 100
@@ -40,7 +43,8 @@ class TrainConfig:
     heldout_frac: float = 0.1
     seed: int = 0
     minutes: float | None = None  # stop early (and still save) after this much training time
-    model: OrderModelConfig = field(default_factory=OrderModelConfig)  # default: the paper's 0.62M order model
+    # Both are ~0.62M parameters (the paper's size); the factored one runs its encoder once per round.
+    model: OrderModelConfig | FactoredConfig = field(default_factory=FactoredConfig)
 
 
 def training_prompts(task: str, n: int, prompts_file: str | None) -> list[str]:
@@ -108,19 +112,34 @@ def load_trajectories(out: Path) -> Trajectories:
 
 
 def split_examples(traj: Trajectories, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    ex = replay_examples(traj, cfg.max_depth)
+    """Training units, split by prompt (the last heldout_frac of prompts are held out): (r, k) replay examples
+    for the per-node encoder, draftable rounds r for the factored model (which replays every k of a round)."""
     n_samples = int(traj.sample_id.max()) + 1
     cut = n_samples - max(1, int(n_samples * cfg.heldout_frac))
+    if isinstance(cfg.model, FactoredConfig):
+        rounds = draftable_rounds(traj)
+        held = traj.sample_id[rounds] >= cut
+        return rounds[~held], rounds[held]
+    ex = replay_examples(traj, cfg.max_depth)
     held = traj.sample_id[ex[:, 0]] >= cut
     return ex[~held], ex[held]
 
 
-def train(out: Path, cfg: TrainConfig) -> OrderModel:
+def _loss(model: DrafterModel, traj: Trajectories, units: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    if isinstance(model, FactoredOrderModel):
+        b = make_round_batch(traj, units, cfg.max_depth, model.cfg.max_block_len)
+        logits = model.node_logits(model.tables(b.feat, b.rank, b.status), b.on_path, b.last)
+        return torch.nn.functional.cross_entropy(logits[b.valid], b.label[b.valid])
+    b = make_batch(traj, units)
+    return torch.nn.functional.cross_entropy(model(b.feat, b.status, b.depth), b.label)
+
+
+def train(out: Path, cfg: TrainConfig) -> DrafterModel:
     traj = load_trajectories(out)
-    train_ex, held_ex = split_examples(traj, cfg)
-    log.info("examples: %d train, %d held-out (rounds %d)", len(train_ex), len(held_ex), len(traj.pos))
+    train_units, held_units = split_examples(traj, cfg)
+    log.info("training units: %d train, %d held-out (rounds %d)", len(train_units), len(held_units), len(traj.pos))
     torch.manual_seed(cfg.seed)
-    model = OrderModel(cfg.model)
+    model = build_model(asdict(cfg.model))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt = out / "train_ckpt.pt"
     step = 0
@@ -142,10 +161,8 @@ def train(out: Path, cfg: TrainConfig) -> OrderModel:
     bar = tqdm(total=cfg.steps, initial=step, desc="train drafter")
     model.train()
     while step < cfg.steps:
-        idx = torch.randint(len(train_ex), (cfg.batch,), generator=gen)
-        b = make_batch(traj, train_ex[idx])
-        logits = model(b.feat, b.status, b.depth)
-        loss = torch.nn.functional.cross_entropy(logits, b.label)
+        idx = torch.randint(len(train_units), (cfg.batch,), generator=gen)
+        loss = _loss(model, traj, train_units[idx], cfg)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -169,23 +186,45 @@ def train(out: Path, cfg: TrainConfig) -> OrderModel:
 
 
 @torch.no_grad()
-def evaluate(model: OrderModel, traj: Trajectories, ex: torch.Tensor, batch: int = 1024) -> dict[str, float]:
-    """Held-out next-commit accuracy of the order model vs stale-confidence ordering, on the same examples."""
+def evaluate(model: DrafterModel, traj: Trajectories, units: torch.Tensor, cfg: TrainConfig) -> dict[str, float]:
+    """Held-out next-commit accuracy of the order model vs stale-confidence ordering, on the same examples.
+
+    The baseline ranks by the stale float32 confidence with the target's lowest-slot tie-break (the encoder's
+    own evaluation used to read float16-rounded confidences, which invents ties; both are reported there).
+    """
+    if isinstance(model, FactoredOrderModel):
+        return _evaluate_factored(model, traj, units, cfg)
     hits = base = hits0 = base0 = n0 = 0
-    for i in range(0, len(ex), batch):
-        part = ex[i : i + batch]
+    for i in range(0, len(units), 1024):
+        part = units[i : i + 1024]
         b = make_batch(traj, part)
         pred = model(b.feat, b.status, b.depth).argmax(-1)
-        conf = b.stale_conf.masked_fill(b.status != 2, -1.0).argmax(-1)
+        r = part[:, 0]
+        conf = traj.conf[r - 1].masked_fill(b.status != 2, -1.0).argmax(-1)
         k0 = part[:, 1] == 0
         hits += int((pred == b.label).sum())
         base += int((conf == b.label).sum())
         hits0 += int((pred == b.label)[k0].sum())
         base0 += int((conf == b.label)[k0].sum())
         n0 += int(k0.sum())
-    n = max(1, len(ex))
+    n = max(1, len(units))
     return {"accuracy": hits / n, "stale_conf_accuracy": base / n, "accuracy_k0": hits0 / max(1, n0),
-            "stale_conf_accuracy_k0": base0 / max(1, n0), "examples": len(ex)}
+            "stale_conf_accuracy_k0": base0 / max(1, n0), "examples": len(units)}
+
+
+def _evaluate_factored(model: FactoredOrderModel, traj: Trajectories, rounds: torch.Tensor,
+                       cfg: TrainConfig) -> dict[str, float]:
+    hits = base = hits0 = base0 = n = n0 = 0
+    for i in range(0, len(rounds), 256):
+        b = make_round_batch(traj, rounds[i : i + 256], cfg.max_depth, model.cfg.max_block_len)
+        pred = model.node_logits(model.tables(b.feat, b.rank, b.status), b.on_path, b.last).argmax(-1)
+        cand = b.eligible[:, None, :] & ~b.on_path
+        conf = b.stale_conf[:, None, :].expand_as(cand).masked_fill(~cand, -1.0).argmax(-1)
+        ok, ok_conf = (pred == b.label) & b.valid, (conf == b.label) & b.valid
+        hits, base, n = hits + int(ok.sum()), base + int(ok_conf.sum()), n + int(b.valid.sum())
+        hits0, base0, n0 = hits0 + int(ok[:, 0].sum()), base0 + int(ok_conf[:, 0].sum()), n0 + int(b.valid[:, 0].sum())
+    return {"accuracy": hits / max(1, n), "stale_conf_accuracy": base / max(1, n), "accuracy_k0": hits0 / max(1, n0),
+            "stale_conf_accuracy_k0": base0 / max(1, n0), "examples": n}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -200,13 +239,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-len", type=int, default=None)
     ap.add_argument("--max-gen-toks", type=int, default=256)
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
-    ap.add_argument("--batch", type=int, default=TrainConfig.batch)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="examples per step (encoder, default 256) or roots per step (factored, default 48)")
+    ap.add_argument("--arch", choices=["factored", "encoder"], default="factored",
+                    help="factored: one encoder pass per round (default); encoder: one pass per tree node (v1)")
     ap.add_argument("--minutes", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--d-model", type=int, default=OrderModelConfig.d_model, help="order model width")
-    ap.add_argument("--heads", type=int, default=OrderModelConfig.n_heads)
-    ap.add_argument("--layers", type=int, default=OrderModelConfig.n_layers)
-    ap.add_argument("--d-ff", type=int, default=OrderModelConfig.d_ff)
+    ap.add_argument("--d-model", type=int, default=128, help="order model width")
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--d-ff", type=int, default=None, help="feed-forward width (default 448 factored, 512 encoder)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads (use 1 when another job shares the cores: OpenMP spin-waits collapse)")
     args = ap.parse_args(argv)
@@ -214,8 +256,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(max(1, args.threads))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    model_cfg = OrderModelConfig(d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, d_ff=args.d_ff)
-    cfg = TrainConfig(steps=args.steps, batch=args.batch, minutes=args.minutes, seed=args.seed, model=model_cfg)
+    size = {"d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers}
+    model_cfg: OrderModelConfig | FactoredConfig
+    if args.arch == "factored":
+        model_cfg = FactoredConfig(**size, d_ff=args.d_ff or FactoredConfig.d_ff)
+    else:
+        model_cfg = OrderModelConfig(**size, d_ff=args.d_ff or OrderModelConfig.d_ff)
+    batch = args.batch or (48 if args.arch == "factored" else 256)
+    cfg = TrainConfig(steps=args.steps, batch=batch, minutes=args.minutes, seed=args.seed, model=model_cfg)
     t0 = time.time()
     if args.step in ("collect", "all"):
         collect(out, args.target, training_prompts(args.task, args.n_prompts, args.prompts_file), args.block_len,
@@ -225,13 +273,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.step in ("evaluate", "all", "train"):
         traj = load_trajectories(out)
         _, held = split_examples(traj, cfg)
-        model = OrderModel(cfg.model)
+        model = build_model(asdict(cfg.model))
         model.load_state_dict(torch.load(out / "train_ckpt.pt", weights_only=True)["model"])
         model.eval()
-        scores = evaluate(model, traj, held)
+        scores = evaluate(model, traj, held, cfg)
         info = json.loads((out / "collect.json").read_text())
         meta = DrafterMeta(
-            feature_version=FEATURE_VERSION, top_k=TOP_K, block_lens=(int(info["block_len"]),),
+            feature_version=feature_version_of(model), top_k=TOP_K, block_lens=(int(info["block_len"]),),
             target=str(info["target"]), task=args.task if not args.prompts_file else args.prompts_file,
             heldout_accuracy=scores["accuracy"], heldout_stale_conf_accuracy=scores["stale_conf_accuracy"],
             extra={"scores": scores, "train": asdict(cfg), "params": n_params(model),
