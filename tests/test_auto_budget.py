@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
 
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.auto_budget import AutoBudgetProposer, CostModel, best_cut, measure_costs
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
-from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
+from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
+from lm_eval_spot.drafter.model import DrafterModel, OrderModel, OrderModelConfig
 from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
 
 from tiny import build_model
@@ -39,13 +43,16 @@ def _adapter() -> BlockCausalAdapter:
     return BlockCausalAdapter(build_model(V, seed=2, block_length=16), TargetInfo(MASK, frozenset({EOS}), EOS, 16, "zero", True, V))
 
 
-def _drafter() -> OrderModel:
+def _drafter(arch: str = "encoder") -> DrafterModel:
     torch.manual_seed(1)
+    if arch == "factored":
+        return FactoredOrderModel(FactoredConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, max_block_len=16))
     return OrderModel(OrderModelConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, max_block_len=16))
 
 
-def test_auto_is_exact_and_sizes_follow_costs():
-    ad, dr = _adapter(), _drafter()
+@pytest.mark.parametrize("arch", ["factored", "encoder"])
+def test_auto_is_exact_and_sizes_follow_costs(arch):
+    ad, dr = _adapter(), _drafter(arch)
     cfg = DecodeConfig(max_gen_toks=40, temperature=1.0)
     ctrl = decode(ad, [4, 5, 6], cfg, seed=3)
     free = AutoBudgetProposer(LearnedOrder(dr), TreeConfig(budget=20), linear_costs(10.0, 0.01, 0.01))
@@ -58,7 +65,21 @@ def test_auto_is_exact_and_sizes_follow_costs():
     assert r_dear.nfe.total == ctrl.nfe.total
 
 
-def test_measure_costs_gives_a_usable_curve():
-    c = measure_costs(_adapter(), _drafter(), max_budget=6, repeats=3)
+@pytest.mark.parametrize("arch", ["factored", "encoder"])
+def test_measure_costs_gives_a_usable_curve(arch):
+    c = measure_costs(_adapter(), _drafter(arch), max_budget=6, repeats=3)
     assert c.replicas[0] == 1 and c.replicas[-1] == 7
-    assert all(t > 0 for t in c.target_ms + c.drafter_ms)
+    assert all(t > 0 for t in c.target_ms + c.drafter_ms) and c.prepare_ms > 0
+
+
+def test_one_stalled_level_does_not_stop_drafting():
+    """The per-node overhead is a median of recent levels: one level stalled by another process (1 s here)
+    must not price drafting out for good (rounds that draft nothing would never measure it down)."""
+    prop = AutoBudgetProposer(LearnedOrder(_drafter()), TreeConfig(budget=20), linear_costs(10.0, 0.5, 0.1))
+    prop._level = (time.perf_counter() - 1.0, 1)
+    prop._close_level()
+    assert prop._per_node_ms > 900 and not prop._root_pays()
+    for _ in range(2):
+        prop._level = (time.perf_counter(), 1)
+        prop._close_level()
+    assert prop._per_node_ms < 50 and prop._root_pays()

@@ -129,3 +129,57 @@ def test_tree_respects_budget_and_gamma(arch):
                 seen.append(tree.pos[node - 1])
                 node = tree.parent[node - 1]
             assert len(seen) == len(set(seen)) and all(p >= 3 for p in seen)
+
+
+def _paths(tree: DraftTree) -> set[tuple[tuple[int, int], ...]]:
+    out = set()
+    for j in range(tree.size):
+        path, node = [], j + 1
+        while node:
+            path.append((tree.pos[node - 1], tree.tok[node - 1]))
+            node = tree.parent[node - 1]
+        out.add(tuple(reversed(path)))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["factored", "encoder"])
+@pytest.mark.parametrize("budget", [3, 7, 12])
+def test_tree_is_the_exact_top_budget_by_prefix_mass(arch, budget):
+    """The level-wise tree (with its candidate pruning) selects exactly the `budget` heaviest paths that a brute
+    force enumeration of every path finds (continuous random inputs: no mass ties)."""
+    L = 8
+    torch.manual_seed(3)
+    logits = torch.randn(L, V)
+    logits[:, MASK] = float("-inf")
+    state = torch.full((L,), MASK)
+    state[[0, 2, 5]] = 9
+    ctx = RoundContext(state, state == MASK, state != MASK, logits, 0.0, None, MASK)
+    prop = SpotProposer(random_drafter(1, arch), TreeConfig(budget=budget))
+    tree = prop.propose(ctx)
+    probs = torch.softmax(logits, -1)
+    top = probs.topk(2, -1)
+    hyps = {p: [(int(top.indices[p, 0]), float(top.values[p, 0]))]
+            + ([(int(top.indices[p, 1]), float(top.values[p, 1]))] if top.values[p, 0] < 0.6 else [])
+            for p in range(L)}
+    prep = prop.order.begin(ctx)
+    found: list[tuple[float, tuple]] = []
+
+    def walk(path: tuple, depth_map: torch.Tensor, mass: float) -> None:
+        if len(path) == int(ctx.eligible.sum()):
+            return
+        q = prop.order.probs(prep, ctx, depth_map[None])[0]
+        for p in range(L):
+            if q[p] <= 0:
+                continue
+            for tok, pt in hyps[p]:
+                m = mass * float(q[p]) * pt
+                child = path + ((p, tok),)
+                found.append((m, child))
+                dm = depth_map.clone()
+                dm[p] = len(child)
+                walk(child, dm, m)
+
+    walk((), torch.zeros(L, dtype=torch.long), 1.0)
+    found.sort(key=lambda x: -x[0])
+    assert len(found) > budget
+    assert _paths(tree) == {p for _, p in found[:budget]}

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lm_eval_spot.decoding.transition import clean_confidence
-from lm_eval_spot.drafter.features import COMMITTED, INACTIVE, MASKED, TOP_K, log1m_top1, stale_topk
+from lm_eval_spot.drafter.features import COMMITTED, INACTIVE, MASKED, TOP_K
 
 FACTORED_FEATURE_VERSION = 2
 LOG1M_SCALE = 10.0  # -log(1 - p1) spans ~0..30 nats on confident targets; scaled to ~0..3
@@ -124,18 +123,21 @@ class FactoredOrderModel(nn.Module):
     def prepare(self, stale_logits: torch.Tensor, committed: torch.Tensor, eligible: torch.Tensor) -> RoundTables:
         """[L, V] stale logits and the root's [L] masks -> the round's tables (on the model's device)."""
         dev = self.device
-        logits = stale_logits.to(dev)
+        lsm = torch.log_softmax(stale_logits.to(dev).float(), dim=-1)
+        top = lsm.topk(min(self.cfg.top_k, lsm.shape[-1]), dim=-1).values
+        conf = top[:, 0].exp()  # = clean_confidence (same float32 softmax maximum)
+        # log(1 - p1) = log of the mass outside the argmax, from log-probabilities (precise when p1 ~ 1).
+        rest = lsm.scatter(-1, lsm.argmax(-1, keepdim=True), float("-inf"))
         # Trajectories store top-k in float16: round alike so inference inputs match training inputs.
-        topk = stale_topk(logits, self.cfg.top_k).half().float()
-        feat, rank, status = round_inputs(topk, clean_confidence(logits), log1m_top1(logits), committed.to(dev),
-                                          eligible.to(dev), self.cfg.max_block_len)
+        feat, rank, status = round_inputs(top.exp().half().float(), conf, torch.logsumexp(rest, dim=-1),
+                                          committed.to(dev), eligible.to(dev), self.cfg.max_block_len)
         return self.tables(feat[None], rank[None], status[None])
 
     @torch.no_grad()
     def node_probs(self, prep: RoundTables, depth_maps: torch.Tensor) -> torch.Tensor:
         """depth_maps [N, L] (0 = not on the path, d = committed at path depth d) -> [N, L] probabilities (CPU)."""
-        dm = depth_maps.to(self.device)
+        dm = depth_maps if depth_maps.device == self.device else depth_maps.to(self.device)
         on = dm > 0
-        last = torch.where(on.any(-1), dm.argmax(-1), torch.full_like(dm[:, 0], -1))
+        last = torch.where(on.any(-1), dm.argmax(-1), -1)
         logits = self.node_logits(prep, on[None], last[None])[0]
-        return torch.softmax(logits, dim=-1).nan_to_num(0.0).cpu()
+        return torch.softmax(logits, dim=-1).nan_to_num(0.0).cpu()  # a node with no candidate slot: all zeros

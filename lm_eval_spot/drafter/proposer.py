@@ -7,6 +7,7 @@ order-source call over every newly selected node -- reaches the same top-D set a
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -98,24 +99,36 @@ class TreeProposer:
         frontier = [-1]
         selected: list[int] = []
         children: dict[int, list[int]] = {}
+        # A candidate lighter than the D-th heaviest so far can never be selected (that bound only rises), and a
+        # chain only ever takes a parent's heaviest child: skipping the rest saves most of the bookkeeping while
+        # the selection stays the exact top D by mass over ALL slots (a slot's q alone does not rank its mass).
+        best: list[float] = []  # min-heap of the D largest masses so far (trees)
+        chain = self.cfg.chain
         while frontier := self._expand(frontier, mass_of, selected, c_mass):
             maps = torch.stack([depth_of[n] for n in frontier])
             q = self.order.probs(prep, ctx, maps)
-            k = min(D, n_elig)
             # A stable sort: equal probabilities (saturated confidences are common) go lowest slot first, as the
             # target's own tie-break does (topk would pick among ties arbitrarily); candidate order is the
             # tie-break of every later selection.
             qv, qi = torch.sort(q, dim=-1, descending=True, stable=True)
-            qv, qi = qv[:, :k], qi[:, :k]
             for row, node in enumerate(frontier):
                 base = mass_of[node]
+                node_best = 0.0
                 for qq, pos in zip(qv[row].tolist(), qi[row].tolist(), strict=True):
-                    if qq <= 0.0:
-                        break
+                    floor = node_best if chain else (best[0] if len(best) == D else 0.0)
+                    if qq <= 0.0 or base * qq < floor:
+                        break  # sorted: every later slot is lighter still (token probabilities are <= 1)
                     for h in (0, 1):
                         m = base * qq * hyp_p[pos][h]
-                        if m <= 0.0 or m < gamma:
+                        if m <= 0.0 or m < gamma or m < floor:
                             continue
+                        node_best = max(node_best, m)
+                        if not chain:
+                            if len(best) < D:
+                                heapq.heappush(best, m)
+                            elif m > best[0]:
+                                heapq.heapreplace(best, m)
+                            floor = best[0] if len(best) == D else 0.0
                         children.setdefault(node, []).append(len(c_parent))
                         c_parent.append(node)
                         c_pos.append(pos)
