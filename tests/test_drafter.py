@@ -198,3 +198,28 @@ def test_drafter_arg_errors(tiny_target_dir, tmp_path):
 def test_drafter_block_length_mismatch_is_clear(tiny_target_dir, random_drafter_dir):
     with pytest.raises(DrafterMismatchError, match="block_len=16"):
         SpotDLM(pretrained=str(tiny_target_dir), drafter=str(random_drafter_dir), block_len=16)
+
+
+def test_factored_host_path_equals_torch_path():
+    """On the CPU node probabilities come from numpy copies of the round's tables; same numbers as torch's."""
+    from dataclasses import replace
+
+    torch.manual_seed(2)
+    L = 16
+    model = FactoredOrderModel(FactoredConfig(max_block_len=L)).eval()
+    committed = torch.zeros(L, dtype=torch.bool)
+    committed[:4] = True
+    eligible = ~committed
+    eligible[-2:] = False
+    prep = model.prepare(torch.randn(L, 50) * 3, committed, eligible)
+    assert prep.host is not None
+    maps = torch.zeros(5, L, dtype=torch.long)
+    maps[1, 6] = 1
+    maps[2, [6, 9]] = torch.tensor([1, 2])
+    maps[3, [5, 6, 7, 8]] = torch.tensor([4, 3, 2, 1])
+    maps[4, 4:14] = torch.arange(1, 11)  # every candidate on the path: an all-zero row
+    fast = model.node_probs(prep, maps)
+    slow = model.node_probs(replace(prep, host=None), maps)
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-5)
+    assert fast[4].sum() == 0 and torch.allclose(fast[:4].sum(-1), torch.ones(4))
+    assert (fast[:, ~eligible] == 0).all() and (fast[3, 5:9] == 0).all()

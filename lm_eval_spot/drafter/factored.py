@@ -15,8 +15,9 @@ reads the same inputs (stale top-k probabilities, slot status, path, slot index)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -49,6 +50,36 @@ class RoundTables:
     last: torch.Tensor  # [B, L, L]: effect on slot i of slot j being the most recent path commit
     length: torch.Tensor  # [B, L, max_path + 1]: effect on slot i of the path's length
     candidate: torch.Tensor  # [B, L] bool: masked and eligible at the root
+    host: HostTables | None = None  # numpy copies for drafting on the CPU (B = 1)
+
+
+@dataclass(frozen=True)
+class HostTables:
+    """One round's tables as numpy arrays, laid out for row gathers. Drafting calls the model once per tree level
+    on a handful of nodes; on the CPU numpy's per-call overhead is a fraction of torch's, which dominates there."""
+
+    base: np.ndarray  # [L]
+    pair_t: np.ndarray  # [L (j), L (i)]
+    last_t: np.ndarray  # [L (j), L (i)]
+    length_t: np.ndarray  # [max_path + 1, L]
+    candidate: np.ndarray  # [L] bool
+
+    @staticmethod
+    def of(t: RoundTables) -> HostTables:
+        return HostTables(t.base[0].numpy(), t.pair[0].T.contiguous().numpy(), t.last[0].T.contiguous().numpy(),
+                          t.length[0].T.contiguous().numpy(), t.candidate[0].numpy())
+
+    def node_probs(self, depth_maps: np.ndarray) -> np.ndarray:
+        on = depth_maps > 0
+        has_last = on.any(axis=1)
+        logits = self.base[None, :] + on.astype(np.float32) @ self.pair_t
+        logits += self.last_t[depth_maps.argmax(axis=1)] * has_last[:, None]
+        logits += self.length_t[np.minimum(on.sum(axis=1), self.length_t.shape[0] - 1)]
+        logits[~(self.candidate[None, :] & ~on)] = -np.inf
+        top = logits.max(axis=1, keepdims=True)
+        e = np.exp(logits - np.where(np.isfinite(top), top, 0.0))
+        z = e.sum(axis=1, keepdims=True)
+        return np.divide(e, z, out=np.zeros_like(e), where=z > 0)
 
 
 def round_inputs(
@@ -131,12 +162,15 @@ class FactoredOrderModel(nn.Module):
         # Trajectories store top-k in float16: round alike so inference inputs match training inputs.
         feat, rank, status = round_inputs(top.exp().half().float(), conf, torch.logsumexp(rest, dim=-1),
                                           committed.to(dev), eligible.to(dev), self.cfg.max_block_len)
-        return self.tables(feat[None], rank[None], status[None])
+        t = self.tables(feat[None], rank[None], status[None])
+        return replace(t, host=HostTables.of(t)) if dev.type == "cpu" else t
 
     @torch.no_grad()
     def node_probs(self, prep: RoundTables, depth_maps: torch.Tensor) -> torch.Tensor:
         """depth_maps [N, L] (0 = not on the path, d = committed at path depth d) -> [N, L] probabilities (CPU)."""
-        dm = depth_maps if depth_maps.device == self.device else depth_maps.to(self.device)
+        if prep.host is not None:
+            return torch.from_numpy(prep.host.node_probs(depth_maps.numpy()))
+        dm = depth_maps.to(self.device)
         on = dm > 0
         last = torch.where(on.any(-1), dm.argmax(-1), -1)
         logits = self.node_logits(prep, on[None], last[None])[0]
