@@ -18,6 +18,7 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -30,6 +31,7 @@ from lm_eval_spot.drafter.proposer import OrderSource, TreeConfig, TreeProposer
 log = logging.getLogger("lm_eval.spot")
 
 MAX_BUDGET = 20
+RETRY = 16  # see AutoBudgetProposer.propose
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,11 @@ class CostModel:
 
     def target(self, r: int) -> float:
         return _interp(self.replicas, self.target_ms, r)
+
+    @cached_property
+    def target_table(self) -> tuple[float, ...]:
+        """target(r) for r = 0 .. max_budget + 1: the per-round search reads it thousands of times."""
+        return tuple(self.target(r) for r in range(self.max_budget + 2))
 
     def drafter(self, n: int) -> float:
         return _interp(self.nodes, self.drafter_ms, n)
@@ -116,11 +123,12 @@ def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int
 
 def best_cut(masses: list[float], costs: CostModel, spent_ms: float) -> tuple[int, float]:
     """(d, rate): the prefix of `masses` (best-first order) maximising (1 + sum) / (target(1 + d) + spent)."""
-    best_d, best = 0, 1.0 / (costs.target(1) + spent_ms)
+    table = costs.target_table
+    best_d, best = 0, 1.0 / (table[1] + spent_ms)
     acc = 1.0
     for d, m in enumerate(masses, start=1):
         acc += m
-        rate = acc / (costs.target(1 + d) + spent_ms)
+        rate = acc / ((table[1 + d] if 1 + d < len(table) else costs.target(1 + d)) + spent_ms)
         if rate > best:
             best_d, best = d, rate
     return best_d, best
@@ -139,23 +147,34 @@ class AutoBudgetProposer(TreeProposer):
         self._per_node_ms = 0.0
         self._per_node_samples: deque[float] = deque(maxlen=31)
         self._level: tuple[float, int] | None = None  # (start time, nodes) of the level being expanded
+        self._skipped = 0  # consecutive rounds skipped on the learned overhead alone
+        self._retry = False
 
     def propose(self, ctx):  # type: ignore[no-untyped-def]
         self._spent = self.costs.prepare_ms
         self._level = None
+        self._retry = False
         if not self._root_pays():
-            return DraftTree.empty()  # decided from costs alone: skip even the drafter's input features
+            # Skipped rounds measure nothing, so an overhead learned while another process held the cores would
+            # stop drafting for good: every RETRY-th such round drafts anyway and measures it again.
+            self._skipped += 1
+            if self._skipped % RETRY or not self._root_pays(per_node_ms=0.0):
+                return DraftTree.empty()  # decided from costs alone: skip even the drafter's input features
+            self._retry = True  # this round prices levels without the learned overhead, so it measures it
+        else:
+            self._skipped = 0
         tree = super().propose(ctx)
         self._close_level()
         return tree
 
-    def _root_pays(self) -> bool:
+    def _root_pays(self, per_node_ms: float | None = None) -> bool:
         """Could even a sure first drafted state beat plain decoding, at the measured costs?"""
-        _, rate = best_cut([1.0], self.costs, self.costs.prepare_ms + self._level_ms(1))
+        per_node = self._per_node_ms if per_node_ms is None else per_node_ms
+        _, rate = best_cut([1.0], self.costs, self.costs.prepare_ms + self.costs.drafter(1) + per_node)
         return rate > 1.0 / self.costs.target(1)
 
     def _level_ms(self, k: int) -> float:
-        return self.costs.drafter(k) + self._per_node_ms * k
+        return self.costs.drafter(k) + (0.0 if self._retry else self._per_node_ms) * k
 
     def _close_level(self) -> None:
         """Fold the measured time of the level just expanded into the per-node overhead (moving average)."""

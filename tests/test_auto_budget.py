@@ -79,6 +79,13 @@ def test_one_stalled_level_does_not_stop_drafting():
     prop._level = (time.perf_counter() - 1.0, 1)
     prop._close_level()
     assert prop._per_node_ms > 900 and not prop._root_pays()
+    # rounds skipped on that estimate alone still re-measure now and then (here: drafting would pay at 0 overhead)
+    ad = _adapter()
+    r = decode(ad, [4, 5, 6], DecodeConfig(max_gen_toks=40, temperature=0.0), seed=3, proposer=prop)
+    assert r.nfe.total > 0 and len(prop._per_node_samples) > 1
+    prop._per_node_samples.clear()
+    prop._level = (time.perf_counter() - 1.0, 1)
+    prop._close_level()
     for _ in range(2):
         prop._level = (time.perf_counter(), 1)
         prop._close_level()
