@@ -192,14 +192,17 @@ class AutoBudgetProposer(TreeProposer):
         current = sorted((mass[c] for c in selected), reverse=True)
         _, rate_now = best_cut(current, self.costs, self._spent)
         # Optimistic: each expanded node gets one child as likely as itself (a child never has more mass). Expand
-        # the k most likely frontier nodes, k chosen for the best optimistic rate; stop if none beats the present.
+        # the frontier nodes whose hoped child would make the best cut of (selected + every hoped child); stop if
+        # that does not beat the present rate. Two cuts per level, not one per candidate k: this runs every level.
         ranked = sorted(frontier, key=lambda n: -mass_of[n])
-        best_k, best_rate = 0, rate_now
-        for k in range(1, len(ranked) + 1):
-            hoped = sorted(current + [mass_of[n] for n in ranked[:k]], reverse=True)[: self.cfg.budget]
-            _, rate = best_cut(hoped, self.costs, self._spent + self._level_ms(k))
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+        hoped = [mass_of[n] for n in ranked]
+        merged = sorted(current + hoped, reverse=True)[: self.cfg.budget]
+        d, _ = best_cut(merged, self.costs, self._spent + self._level_ms(len(ranked)))
+        best_k = sum(1 for m in hoped if m >= merged[d - 1]) if d else 0
+        if best_k:
+            cut = sorted(current + hoped[:best_k], reverse=True)[: self.cfg.budget]
+            _, rate = best_cut(cut, self.costs, self._spent + self._level_ms(best_k))
+            best_k = best_k if rate > rate_now else 0
         if best_k:
             self._spent += self._level_ms(best_k)
             self._level = (time.perf_counter(), best_k)
