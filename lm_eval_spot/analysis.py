@@ -7,7 +7,8 @@ Runs on the spot_arith test split (or --prompts-file), at T=0:
   one, how often the previous forward's most confident remaining slot is committed next, how often the stale
   top-8 slots cover the next commit, and how often the next commit is the leftmost masked slot;
 * the joint oracle (true order and tokens from that control run) at budgets {4, 8, 12, 20}: the NFE and
-  wall-clock ceilings;
+  wall-clock ceilings, and the NFE of the same oracle kept silent in each block's first round (the floor of
+  any drafter that reads stale conditionals: there are none in that round);
 * SPOT at --budget: the accepted length per round and the cause of each round's first rejection (position miss,
   token miss, budget exhausted, block end).
 """
@@ -109,6 +110,7 @@ def analyse(loaded: Any, prompts: list[str], drafter_path: Path, budget: int, or
     control_nfe, control_wall, lengths = [], [], []
     oracle_nfe: dict[int, list[int]] = defaultdict(list)
     oracle_ratio: dict[int, list[float]] = defaultdict(list)
+    floor_nfe: dict[int, list[int]] = defaultdict(list)
     spot_nfe = []
     for i, prompt in enumerate(tqdm(prompts, desc="analysis (control, oracle, SPOT)")):
         ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -129,6 +131,7 @@ def analyse(loaded: Any, prompts: list[str], drafter_path: Path, budget: int, or
             r = decode(ad, ids, cfg, seed=i, proposer=OracleProposer(commits, D))
             oracle_nfe[D].append(r.nfe.total)
             oracle_ratio[D].append(plain.wall_s / r.wall_s)
+            floor_nfe[D].append(decode(ad, ids, cfg, seed=i, proposer=OracleProposer(commits, D, stale_only=True)).nfe.total)
         spot_nfe.append(decode(ad, ids, cfg, seed=i, proposer=spot, observer=rej).nfe.total)
     total = Counter()
     for c in dyn.counts.values():
@@ -144,7 +147,9 @@ def analyse(loaded: Any, prompts: list[str], drafter_path: Path, budget: int, or
         "dynamics_by_block": {str(b): _rates(c) for b, c in sorted(dyn.counts.items())},
         "oracle": {
             str(D): {"nfe_per_sample": statistics.mean(v), "nfe_reduction": cnfe / statistics.mean(v),
-                     "throughput_ratio_median": statistics.median(oracle_ratio[D])}
+                     "throughput_ratio_median": statistics.median(oracle_ratio[D]),
+                     # the same oracle silent in each block's first round: the floor of stale-reading drafters
+                     "stale_only_nfe_per_sample": statistics.mean(floor_nfe[D])}
             for D, v in oracle_nfe.items()
         },
         "spot": {

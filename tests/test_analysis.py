@@ -39,5 +39,8 @@ def test_analysis_command_on_the_embedded_target(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["samples"] == 2 and set(rep["oracle"]) == {"4", "20"}
     assert rep["oracle"]["20"]["nfe_per_sample"] < rep["spot"]["nfe_per_sample"] < rep["control_nfe_per_sample"]
+    # silent in each block's first round: one more forward per block than the oracle, still under SPOT
+    floor = rep["oracle"]["20"]["stale_only_nfe_per_sample"]
+    assert rep["oracle"]["20"]["nfe_per_sample"] < floor <= rep["spot"]["nfe_per_sample"]
     assert abs(sum(rep["spot"]["first_rejection_cause_rate"].values()) - 1.0) < 1e-9
     assert "0" in rep["dynamics_by_block"] and 0 <= rep["dynamics"]["stale_argmax_token_rate"] <= 1

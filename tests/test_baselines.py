@@ -51,6 +51,10 @@ def test_oracle_accepts_every_drafted_state(T):
         # Every drafted state is accepted, so each round commits min(D + 1, what is left in the block).
         assert all(a == d for a, d in zip(spec.accepted, spec.drafted, strict=True))
         assert spec.rounds == sum(-(-len(c) // (D + 1)) for c in log.blocks.values())
+        # stale_only: a block's first round commits one slot alone, the rest goes as before
+        floor = decode(ad, [3, 4, 5, 6, 7], cfg, seed=2, proposer=OracleProposer(log, D, stale_only=True))
+        assert floor.token_ids == ctrl.token_ids
+        assert floor.rounds == sum(1 + -(-(len(c) - 1) // (D + 1)) for c in log.blocks.values())
 
 
 def test_free_chain_follows_stale_confidence_with_lowest_slot_on_ties():

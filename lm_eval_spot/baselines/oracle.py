@@ -27,12 +27,16 @@ class CommitLog:
 class OracleProposer:
     """Drafts the next `budget` commits of a logged control run as a chain (valid from a block's first round on)."""
 
-    def __init__(self, log: CommitLog, budget: int) -> None:
+    def __init__(self, log: CommitLog, budget: int, stale_only: bool = False) -> None:
+        """stale_only: stay silent in a block's first round, as every drafter reading stale conditionals must
+        (none exist yet); its NFE is then the floor for all of them, SPOT and the baselines alike."""
         if budget < 1:
             raise ValueError(f"budget must be >= 1, got {budget}")
-        self.log, self.budget = log, budget
+        self.log, self.budget, self.stale_only = log, budget, stale_only
 
     def propose(self, ctx: RoundContext) -> DraftTree:
+        if self.stale_only and ctx.stale_logits is None:
+            return DraftTree.empty()
         commits = self.log.blocks.get(ctx.block, [])
         # The decoder follows the control trajectory exactly, so the committed slots are a prefix of the log.
         k = next((i for i, (p, _) in enumerate(commits) if int(ctx.state[p]) == ctx.mask_id), len(commits))
