@@ -223,3 +223,25 @@ def test_factored_host_path_equals_torch_path():
     torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-5)
     assert fast[4].sum() == 0 and torch.allclose(fast[:4].sum(-1), torch.ones(4))
     assert (fast[:, ~eligible] == 0).all() and (fast[3, 5:9] == 0).all()
+
+
+def test_factored_without_slot_embedding_is_permutation_equivariant():
+    """--no-slot-embedding (the transfer ablation): the model can tell slots apart only through their inputs, so
+    permuting the slots permutes its scores (with the slot embedding on, it does not)."""
+    torch.manual_seed(4)
+    L = 12
+    perm = torch.randperm(L)
+    feat, rank = torch.rand(1, L, 65), torch.randint(0, L, (1, L))
+    status = torch.full((1, L), MASKED)
+    on = torch.zeros(1, 2, L, dtype=torch.bool)
+    on[0, 1, 3] = True
+    last = torch.tensor([[-1, 3]])
+    inv = torch.argsort(perm)
+    for slot_embedding in (False, True):
+        model = FactoredOrderModel(FactoredConfig(max_block_len=L, slot_embedding=slot_embedding)).eval()
+        with torch.no_grad():
+            a = model.node_logits(model.tables(feat, rank, status), on, last)
+            b = model.node_logits(model.tables(feat[:, perm], rank[:, perm], status[:, perm]), on[..., perm],
+                                  inv[last.clamp_min(0)].masked_fill(last < 0, -1))
+        same = torch.allclose(a[..., perm], b, atol=1e-5)
+        assert same is not slot_embedding

@@ -38,6 +38,7 @@ class FactoredConfig:
     top_k: int = TOP_K
     max_block_len: int = 64
     dropout: float = 0.0
+    slot_embedding: bool = True  # False: the model cannot tell slots apart by index (a transfer ablation)
     arch: str = "factored"
 
 
@@ -124,7 +125,9 @@ class FactoredOrderModel(nn.Module):
     def tables(self, feat: torch.Tensor, rank: torch.Tensor, status: torch.Tensor) -> RoundTables:
         """[B, L, 2k+1], [B, L], [B, L] -> the round's tables."""
         L = status.shape[-1]
-        x = self.inp(feat) + self.status(status) + self.rank(rank) + self.slot(torch.arange(L, device=status.device))
+        x = self.inp(feat) + self.status(status) + self.rank(rank)
+        if self.cfg.slot_embedding:
+            x = x + self.slot(torch.arange(L, device=status.device))
         h = self.norm(self.encoder(x))
         q1, k1, q2, k2 = self.pairs(h).chunk(4, dim=-1)
         scale = self.cfg.d_pair**-0.5

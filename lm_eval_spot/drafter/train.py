@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--d-ff", type=int, default=None, help="feed-forward width (default 448 factored, 512 encoder)")
+    ap.add_argument("--no-slot-embedding", action="store_true",
+                    help="factored only: no slot-index embedding (the model sees where slots are only through the data)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads (use 1 when another job shares the cores: OpenMP spin-waits collapse)")
     args = ap.parse_args(argv)
@@ -259,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     size = {"d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers}
     model_cfg: OrderModelConfig | FactoredConfig
     if args.arch == "factored":
-        model_cfg = FactoredConfig(**size, d_ff=args.d_ff or FactoredConfig.d_ff)
+        model_cfg = FactoredConfig(**size, d_ff=args.d_ff or FactoredConfig.d_ff,
+                                   slot_embedding=not args.no_slot_embedding)
     else:
         model_cfg = OrderModelConfig(**size, d_ff=args.d_ff or OrderModelConfig.d_ff)
     batch = args.batch or (48 if args.arch == "factored" else 256)
