@@ -24,7 +24,6 @@ import torch
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.decoding.tree import DraftTree
-from lm_eval_spot.drafter.features import MASKED
 from lm_eval_spot.drafter.model import DrafterModel
 from lm_eval_spot.drafter.proposer import OrderSource, TreeConfig, TreeProposer
 

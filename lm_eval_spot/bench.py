@@ -171,7 +171,7 @@ def markdown_table(res: dict[str, Any]) -> str:
             f"| {r['method']} | {r['budget']} | {r['temperature']:g} | {r['n']} | {r['accuracy']:.3f} | "
             f"{r['nfe_per_sample']:.1f} | {r['nfe_reduction']:.2f}x | {r['tokens_per_forward']:.2f} | "
             f"{r['accepted_per_round']:.2f} | {r['throughput_ratio']:.2f}x [{r['throughput_ratio_q25']:.2f}, "
-            f"{r['throughput_ratio_q75']:.2f}] | {r.get('throughput_ratio_min', float('nan')):.2f}x | "
+            f"{r['throughput_ratio_q75']:.2f}] | {r['throughput_ratio_min']:.2f}x | "
             f"{r['exact_match_to_control']:.3f} |"
         )
     return "\n".join(lines) + "\n"

@@ -77,17 +77,24 @@ class TrajectoryRecorder:
         )
 
 
-def replay_examples(traj: Trajectories, max_depth: int) -> torch.Tensor:
-    """All (r, k) pairs: [E, 2] long. r >= 1 within its block (a stale round exists), r + k < block's end."""
+def block_bounds(traj: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per round: index of its block's first and last round. [R], [R]."""
     blk = traj.block_id
     R = blk.shape[0]
     idx = torch.arange(R)
     starts = torch.ones(R, dtype=torch.bool)
     starts[1:] = blk[1:] != blk[:-1]
-    block_start = torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), 0).values
     ends = torch.ones(R, dtype=torch.bool)
     ends[:-1] = blk[1:] != blk[:-1]
-    block_end = torch.flip(torch.cummin(torch.flip(torch.where(ends, idx, torch.full_like(idx, R)), [0]), 0).values, [0])
+    first = torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), 0).values
+    last = torch.flip(torch.cummin(torch.flip(torch.where(ends, idx, torch.full_like(idx, R)), [0]), 0).values, [0])
+    return first, last
+
+
+def replay_examples(traj: Trajectories, max_depth: int) -> torch.Tensor:
+    """All (r, k) pairs: [E, 2] long. r >= 1 within its block (a stale round exists), r + k < block's end."""
+    block_start, block_end = block_bounds(traj)
+    idx = torch.arange(len(block_start))
     out = []
     for k in range(max_depth):
         ok = (idx > block_start) & (idx + k <= block_end)
@@ -117,20 +124,6 @@ def make_batch(traj: Trajectories, ex: torch.Tensor) -> Batch:
     status = node_status(traj.committed[r], traj.eligible[r], depth)
     stale = traj.topk[r - 1].float()
     return Batch(prob_features(stale), status, depth, traj.pos[r + k], stale[..., 0])
-
-
-def block_bounds(traj: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per round: index of its block's first and last round. [R], [R]."""
-    blk = traj.block_id
-    R = blk.shape[0]
-    idx = torch.arange(R)
-    starts = torch.ones(R, dtype=torch.bool)
-    starts[1:] = blk[1:] != blk[:-1]
-    ends = torch.ones(R, dtype=torch.bool)
-    ends[:-1] = blk[1:] != blk[:-1]
-    first = torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), 0).values
-    last = torch.flip(torch.cummin(torch.flip(torch.where(ends, idx, torch.full_like(idx, R)), [0]), 0).values, [0])
-    return first, last
 
 
 def draftable_rounds(traj: Trajectories) -> torch.Tensor:

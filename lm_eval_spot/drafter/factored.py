@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lm_eval_spot.drafter.features import COMMITTED, INACTIVE, MASKED, TOP_K
+from lm_eval_spot.decoding.transition import clean_confidence
+from lm_eval_spot.drafter.features import COMMITTED, INACTIVE, MASKED, TOP_K, log1m_top1, stale_topk
 
 FACTORED_FEATURE_VERSION = 2
 LOG1M_SCALE = 10.0  # -log(1 - p1) spans ~0..30 nats on confident targets; scaled to ~0..3
@@ -157,14 +158,12 @@ class FactoredOrderModel(nn.Module):
     def prepare(self, stale_logits: torch.Tensor, committed: torch.Tensor, eligible: torch.Tensor) -> RoundTables:
         """[L, V] stale logits and the root's [L] masks -> the round's tables (on the model's device)."""
         dev = self.device
-        lsm = torch.log_softmax(stale_logits.to(dev).float(), dim=-1)
-        top = lsm.topk(min(self.cfg.top_k, lsm.shape[-1]), dim=-1).values
-        conf = top[:, 0].exp()  # = clean_confidence (same float32 softmax maximum)
-        # log(1 - p1) = log of the mass outside the argmax, from log-probabilities (precise when p1 ~ 1).
-        rest = lsm.scatter(-1, lsm.argmax(-1, keepdim=True), float("-inf"))
-        # Trajectories store top-k in float16: round alike so inference inputs match training inputs.
-        feat, rank, status = round_inputs(top.exp().half().float(), conf, torch.logsumexp(rest, dim=-1),
-                                          committed.to(dev), eligible.to(dev), self.cfg.max_block_len)
+        logits = stale_logits.to(dev)
+        # The same feature functions the trajectory recorder uses, so inputs match training bit for bit; top-k is
+        # rounded to float16 as trajectories store it.
+        feat, rank, status = round_inputs(stale_topk(logits, self.cfg.top_k).half().float(), clean_confidence(logits),
+                                          log1m_top1(logits), committed.to(dev), eligible.to(dev),
+                                          self.cfg.max_block_len)
         t = self.tables(feat[None], rank[None], status[None])
         return replace(t, host=HostTables.of(t)) if dev.type == "cpu" else t
 
