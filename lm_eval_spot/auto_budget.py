@@ -4,11 +4,13 @@ At start-up the verification cost curve (target forward time vs number of replic
 per tree level are measured on the current hardware. Each round the tree grows level by level; a level is
 expanded only while an optimistic bound says it could raise the round's rate, and the tree is then cut to the D
 (the top-D nodes by prefix mass) that maximises (1 + sum of their masses) / (forward time(1 + D) + drafting
-time). Prefix masses are the drafter's estimates of acceptance, so this also sets the mass floor (gamma) per
-round: a node is worth a replica only if its mass beats the round's rate times the replica's marginal cost.
-The start-up curve times the order model alone; the tree bookkeeping per expanded node is learned online from the
-measured time of each level (a moving average), so tree sizes, and hence NFE, can vary from run to run. Any tree
-is verified exactly, so the output does not depend on these choices.
+time + the loop's own time). Prefix masses are the drafter's estimates of acceptance, so this also sets the mass
+floor (gamma) per round: a node is worth a replica only if its mass beats the round's rate times the replica's
+marginal cost, and candidates well below that are dropped while the tree grows.
+Two costs the start-up curve cannot see are learned online, as medians of recent measurements: the tree
+bookkeeping per expanded node (from each level's time) and the loop's work per round beyond the forward
+(verification, stop checks; from the gap between two rounds of a block). Tree sizes, and hence NFE, can therefore
+vary from run to run. Any tree is verified exactly, so the output does not depend on these choices.
 """
 
 from __future__ import annotations
@@ -45,12 +47,20 @@ class CostModel:
     prepare_ms: float = 0.0  # the order model's once-per-round work (input features, the factored encoder)
 
     def target(self, r: int) -> float:
-        return _interp(self.replicas, self.target_ms, r)
+        table = self.target_table
+        return table[r] if 0 <= r < len(table) else _interp(self.replicas, self.target_ms, r)
 
     @cached_property
     def target_table(self) -> tuple[float, ...]:
         """target(r) for r = 0 .. max_budget + 1: the per-round search reads it thousands of times."""
-        return tuple(self.target(r) for r in range(self.max_budget + 2))
+        return tuple(_interp(self.replicas, self.target_ms, r) for r in range(self.max_budget + 2))
+
+    @cached_property
+    def least_marginal(self) -> tuple[float, ...]:
+        """For a tree of d drafted states (d = 0 .. max_budget): the cheapest extra replica from there on."""
+        t = self.target_table
+        steps = [max(0.0, t[r + 1] - t[r]) for r in range(1, self.max_budget + 1)]
+        return tuple(min(steps[d:]) for d in range(self.max_budget)) + (float("inf"),)
 
     def drafter(self, n: int) -> float:
         return _interp(self.nodes, self.drafter_ms, n)
@@ -148,11 +158,33 @@ class AutoBudgetProposer(TreeProposer):
         self._level: tuple[float, int] | None = None  # (start time, nodes) of the level being expanded
         self._skipped = 0  # consecutive rounds skipped on the learned overhead alone
         self._retry = False
+        self._floor = 0.0
+        # The loop's own work per round (verification, bookkeeping): the start-up curve times forwards alone. It
+        # is paid whatever the tree, so it makes larger trees relatively cheaper. Learned online like the above.
+        self._round_ms = 0.0
+        self._round_samples: deque[float] = deque(maxlen=63)
+        self._last_round: tuple[float, int, int] | None = None  # (end time, drafted states, block) of the last round
 
     def propose(self, ctx):  # type: ignore[no-untyped-def]
-        self._spent = self.costs.prepare_ms
+        self._learn_round_overhead(ctx)
+        tree = self._propose(ctx)
+        self._last_round = (time.perf_counter(), tree.size, ctx.block)
+        return tree
+
+    def _learn_round_overhead(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        """From the gap between two rounds of one block: the time beyond the forward the start-up curve predicts."""
+        last, self._last_round = self._last_round, None
+        if last is None or ctx.stale_logits is None or ctx.block != last[2]:
+            return  # a new block or request: the gap holds other work
+        gap_ms = 1000 * (time.perf_counter() - last[0])
+        self._round_samples.append(gap_ms - self.costs.target(1 + last[1]))
+        self._round_ms = max(0.0, statistics.median(self._round_samples))
+
+    def _propose(self, ctx):  # type: ignore[no-untyped-def]
+        self._spent = self.costs.prepare_ms + self._round_ms
         self._level = None
         self._retry = False
+        self._floor = 0.0
         if not self._root_pays():
             # Skipped rounds measure nothing, so an overhead learned while another process held the cores would
             # stop drafting for good: every RETRY-th such round drafts anyway and measures it again.
@@ -169,8 +201,9 @@ class AutoBudgetProposer(TreeProposer):
     def _root_pays(self, per_node_ms: float | None = None) -> bool:
         """Could even a sure first drafted state beat plain decoding, at the measured costs?"""
         per_node = self._per_node_ms if per_node_ms is None else per_node_ms
-        _, rate = best_cut([1.0], self.costs, self.costs.prepare_ms + self.costs.drafter(1) + per_node)
-        return rate > 1.0 / self.costs.target(1)
+        spent = self.costs.prepare_ms + self.costs.drafter(1) + per_node + self._round_ms
+        _, rate = best_cut([1.0], self.costs, spent)
+        return rate > 1.0 / (self.costs.target(1) + self._round_ms)
 
     def _level_ms(self, k: int) -> float:
         return self.costs.drafter(k) + (0.0 if self._retry else self._per_node_ms) * k
@@ -189,7 +222,11 @@ class AutoBudgetProposer(TreeProposer):
     ) -> list[int]:
         self._close_level()
         current = sorted((mass[c] for c in selected), reverse=True)
-        _, rate_now = best_cut(current, self.costs, self._spent)
+        d_now, rate_now = best_cut(current, self.costs, self._spent)
+        # The per-round gamma: a node earns its replica only if its mass beats the rate times the replica's cost,
+        # and the rate rarely falls as the tree grows; half that bound leaves room for the exceptions. Dropping
+        # lighter candidates early saves most of the tree bookkeeping.
+        self._floor = 0.5 * rate_now * self.costs.least_marginal[min(d_now, self.costs.max_budget)]
         # Optimistic: each expanded node gets one child as likely as itself (a child never has more mass). Expand
         # the frontier nodes whose hoped child would make the best cut of (selected + every hoped child); stop if
         # that does not beat the present rate. Two cuts per level, not one per candidate k: this runs every level.
@@ -206,6 +243,9 @@ class AutoBudgetProposer(TreeProposer):
             self._spent += self._level_ms(best_k)
             self._level = (time.perf_counter(), best_k)
         return ranked[:best_k]
+
+    def _mass_floor(self) -> float:
+        return max(self.cfg.gamma, self._floor)
 
     def _finish(self, selected: list[int], mass: list[float]) -> list[int]:
         d, _ = best_cut([mass[c] for c in selected], self.costs, self._spent)

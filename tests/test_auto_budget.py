@@ -90,3 +90,49 @@ def test_one_stalled_level_does_not_stop_drafting():
         prop._level = (time.perf_counter(), 1)
         prop._close_level()
     assert prop._per_node_ms < 50 and prop._root_pays()
+
+
+def test_least_marginal_is_the_cheapest_later_replica():
+    c = CostModel((1, 3, 5), (2.0, 2.2, 4.2), (1,), (0.0,), max_budget=4)
+    # target(1..5) = 2.0, 2.1, 2.2, 3.2, 4.2: steps from d drafted states on are 0.1, 0.1, 1.0, 1.0
+    assert [round(x, 6) for x in c.least_marginal[:4]] == [0.1, 0.1, 1.0, 1.0]
+    assert c.least_marginal[4] == float("inf")  # the budget is full: nothing more can be added
+
+
+class _SlowSession:
+    """A session whose forwards take `extra_s` longer than the start-up curve says (work the curve misses)."""
+
+    def __init__(self, inner, extra_s: float) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.extra_s = inner, extra_s
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+    def block_logits(self, states: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.extra_s)
+        return self.inner.block_logits(states)
+
+
+class _SlowAdapter:
+    def __init__(self, inner: BlockCausalAdapter, extra_s: float) -> None:
+        self.inner, self.info, self.extra_s = inner, inner.info, extra_s
+
+    def open(self, prompt_ids):  # type: ignore[no-untyped-def]
+        session, tail = self.inner.open(prompt_ids)
+        return _SlowSession(session, self.extra_s), tail
+
+
+def test_round_overhead_is_learned_and_makes_drafting_pay():
+    """A per-round cost the start-up curve misses (here 30 ms of every forward) is learned from the gaps between
+    rounds; it is paid whatever the tree, so it makes drafting worth more, never less."""
+    costs = linear_costs(10.0, 4.0, 0.1)  # a replica costs 40% of a forward: drafting barely pays by the curve
+    ad = _SlowAdapter(_adapter(), 0.03)
+    cfg = DecodeConfig(max_gen_toks=40, temperature=0.0)
+    ctrl = decode(ad, [4, 5, 6], cfg, seed=3)
+    prop = AutoBudgetProposer(LearnedOrder(_drafter("factored")), TreeConfig(budget=20), costs)
+    r = decode(ad, [4, 5, 6], cfg, seed=3, proposer=prop)
+    assert r.token_ids == ctrl.token_ids
+    assert 20.0 < prop._round_ms < 200.0  # the 30 ms sleep, give or take the machine
+    assert prop._root_pays()
+    # priced with the overhead, the same masses earn a larger tree (1 state without it, 2 with it)
+    assert best_cut([0.6, 0.3, 0.1], costs, 0.0)[0] == 1 and best_cut([0.6, 0.3, 0.1], costs, prop._round_ms)[0] >= 2

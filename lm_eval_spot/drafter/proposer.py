@@ -81,7 +81,7 @@ class TreeProposer:
     def propose(self, ctx: RoundContext) -> DraftTree:
         if ctx.stale_logits is None:
             return DraftTree.empty()  # a block's first round: no stale conditionals to draft from
-        D, gamma = self.cfg.budget, self.cfg.gamma
+        D = self.cfg.budget
         L = ctx.state.shape[0]
         prep = self.order.begin(ctx)
         hyp_tok, hyp_p = token_hypotheses(ctx, self.cfg.hedge_below)
@@ -105,6 +105,7 @@ class TreeProposer:
         best: list[float] = []  # min-heap of the D largest masses so far (trees)
         chain = self.cfg.chain
         while frontier := self._expand(frontier, mass_of, selected, c_mass):
+            gamma = self._mass_floor()
             maps = torch.stack([depth_of[n] for n in frontier])
             q = self.order.probs(prep, ctx, maps)
             # A stable sort: equal probabilities (saturated confidences are common) go lowest slot first, as the
@@ -116,7 +117,7 @@ class TreeProposer:
                 node_best = 0.0
                 for qq, pos in zip(qv[row].tolist(), qi[row].tolist(), strict=True):
                     floor = node_best if chain else (best[0] if len(best) == D else 0.0)
-                    if qq <= 0.0 or base * qq < floor:
+                    if qq <= 0.0 or base * qq < max(floor, gamma):
                         break  # sorted: every later slot is lighter still (token probabilities are <= 1)
                     for h in (0, 1):
                         m = base * qq * hyp_p[pos][h]
@@ -156,6 +157,10 @@ class TreeProposer:
 
     def _finish(self, selected: list[int], mass: list[float]) -> list[int]:
         return selected
+
+    def _mass_floor(self) -> float:
+        """Candidates lighter than this are dropped: SPOT-gamma's fixed floor (budget=auto sets one per level)."""
+        return self.cfg.gamma
 
     def _select(self, children: dict[int, list[int]], mass: list[float], depth: list[int], D: int) -> list[int]:
         if not self.cfg.chain:
