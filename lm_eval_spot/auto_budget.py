@@ -4,13 +4,13 @@ At start-up the verification cost curve (target forward time vs number of replic
 per tree level are measured on the current hardware. Each round the tree grows level by level; a level is
 expanded only while an optimistic bound says it could raise the round's rate, and the tree is then cut to the D
 (the top-D nodes by prefix mass) that maximises (1 + sum of their masses) / (forward time(1 + D) + drafting
-time + the loop's own time). Prefix masses are the drafter's estimates of acceptance, so this also sets the mass
+time). Prefix masses are the drafter's estimates of acceptance, so this also sets the mass
 floor (gamma) per round: a node is worth a replica only if its mass beats the round's rate times the replica's
 marginal cost, and candidates well below that are dropped while the tree grows.
-Two costs the start-up curve cannot see are learned online, as medians of recent measurements: the tree
-bookkeeping per expanded node (from each level's time) and the loop's work per round beyond the forward
-(verification, stop checks; from the gap between two rounds of a block). Tree sizes, and hence NFE, can therefore
-vary from run to run. Any tree is verified exactly, so the output does not depend on these choices.
+Two things are learned online: the tree bookkeeping per expanded node (a median of recent levels' measured
+times; the start-up curve times the order model alone), and how often the verifier accepts nodes of each depth
+against their prefix masses (a per-depth calibration). Tree sizes, and hence NFE, can therefore vary from run to
+run. Any tree is verified exactly, so the output does not depend on these choices.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ import torch
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.model import DrafterModel
-from lm_eval_spot.drafter.proposer import OrderSource, TreeConfig, TreeProposer
+from lm_eval_spot.decoding.proposer import RoundContext
+from lm_eval_spot.drafter.proposer import GrownTree, OrderSource, TreeConfig, TreeProposer
 
 log = logging.getLogger("lm_eval.spot")
 
 MAX_BUDGET = 20
 RETRY = 16  # see AutoBudgetProposer.propose
+PRIOR_MASS = 4.0  # pseudo-count (in predicted acceptances) that holds a depth's calibration factor near 1 early on
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,32 @@ def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
     return ys[-1] + (ys[-1] - ys[-2]) * (x - xs[-1]) / (xs[-1] - xs[-2])
 
 
+def convex_fit(ys: list[float]) -> tuple[float, ...]:
+    """A cost curve sampled at consecutive sizes, smoothed to non-decreasing increments (convex, and never
+    falling): adjacent increments that decrease are pooled to their mean (pool-adjacent-violators), and the result
+    keeps the samples' mean. A line stays a line; a GPU's flat-then-rising curve keeps its knee."""
+    blocks: list[tuple[float, int]] = []  # (sum of increments, count), increasing means
+    for a, b in zip(ys, ys[1:], strict=False):
+        total, count = max(0.0, b - a), 1
+        while blocks and blocks[-1][0] / blocks[-1][1] > total / count:
+            t, c = blocks.pop()
+            total, count = total + t, count + c
+        blocks.append((total, count))
+    out = [0.0]
+    for total, count in blocks:
+        for _ in range(count):
+            out.append(out[-1] + total / count)
+    shift = (sum(ys) - sum(out)) / len(ys)
+    return tuple(y + shift for y in out)
+
+
 def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int = MAX_BUDGET, repeats: int = 9) -> CostModel:
     """Time the target on R replicas of a block (after a 2-block prefix) and the drafter on N states.
 
     Each size keeps its fastest repeat (after a warm-up): a job sharing the cores inflates some repeats at
-    random, and a curve bent by such noise would mislead every later round; the minimum is the machine's cost.
+    random; the minimum is the machine's cost. Every replica count is timed and the curve is then made convex
+    (`convex_fit`): the cut stops where the next replica costs more than it brings, so a kink left by timing
+    noise would pin most rounds' trees to one size.
     """
     info = adapter.info
     L = info.block_len
@@ -89,7 +112,7 @@ def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int
     block = torch.full((L,), info.mask_id, dtype=torch.long)
     block[: L // 2] = filler
     session.block_logits(block[None])  # stores the prefix
-    replicas = tuple(r for r in (1, 2, 3, 5, 9, 13, 17) if r < max_budget + 1) + (max_budget + 1,)
+    replicas = tuple(range(1, max_budget + 2))
     nodes = (1, 2, 4, 8, 16)
     gen = torch.Generator().manual_seed(0)
     stale = torch.randn(L, info.vocab_size, generator=gen) * 4
@@ -115,7 +138,7 @@ def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int
                 d_samples[n].append(time.perf_counter() - t0)
     costs = CostModel(
         replicas,
-        tuple(1000 * min(t_samples[r][1:]) for r in replicas),
+        convex_fit([1000 * min(t_samples[r][1:]) for r in replicas]),
         nodes,
         tuple(1000 * min(d_samples[n][1:]) for n in nodes),
         max_budget,
@@ -159,29 +182,37 @@ class AutoBudgetProposer(TreeProposer):
         self._skipped = 0  # consecutive rounds skipped on the learned overhead alone
         self._retry = False
         self._floor = 0.0
-        # The loop's own work per round (verification, bookkeeping): the start-up curve times forwards alone. It
-        # is paid whatever the tree, so it makes larger trees relatively cheaper. Learned online like the above.
-        self._round_ms = 0.0
-        self._round_samples: deque[float] = deque(maxlen=63)
-        self._last_round: tuple[float, int, int] | None = None  # (end time, drafted states, block) of the last round
+        # Prefix masses are the drafter's acceptance estimates; deep ones run optimistic (a 20-node tree's depth-16+
+        # nodes are accepted ~0.7x as often as predicted), and they are the ones a cost-aware cut weighs last. So
+        # each depth's masses are scaled by its observed acceptances over predicted ones, from the verifier's
+        # verdicts (RoundContext.prev_path).
+        self._predicted = [0.0] * (cfg.budget + 2)
+        self._accepted = [0.0] * (cfg.budget + 2)
+        self._factor = [1.0] * (cfg.budget + 2)
+        self._last_tree: GrownTree | None = None
 
-    def propose(self, ctx):  # type: ignore[no-untyped-def]
-        self._learn_round_overhead(ctx)
-        tree = self._propose(ctx)
-        self._last_round = (time.perf_counter(), tree.size, ctx.block)
-        return tree
+    def propose(self, ctx: RoundContext) -> DraftTree:
+        self._learn_acceptance(ctx)
+        grown = self._propose(ctx)
+        self._last_tree = grown
+        return grown.tree
 
-    def _learn_round_overhead(self, ctx) -> None:  # type: ignore[no-untyped-def]
-        """From the gap between two rounds of one block: the time beyond the forward the start-up curve predicts."""
-        last, self._last_round = self._last_round, None
-        if last is None or ctx.stale_logits is None or ctx.block != last[2]:
-            return  # a new block or request: the gap holds other work
-        gap_ms = 1000 * (time.perf_counter() - last[0])
-        self._round_samples.append(gap_ms - self.costs.target(1 + last[1]))
-        self._round_ms = max(0.0, statistics.median(self._round_samples))
+    def _learn_acceptance(self, ctx: RoundContext) -> None:
+        last, self._last_tree = self._last_tree, None
+        if last is None or ctx.prev_path is None:
+            return
+        hits = set(ctx.prev_path)
+        for node, (m, d) in enumerate(zip(last.mass, last.depth, strict=True), start=1):
+            self._predicted[d] += m
+            self._accepted[d] += node in hits
+            self._factor[d] = (self._accepted[d] + PRIOR_MASS) / (self._predicted[d] + PRIOR_MASS)
 
-    def _propose(self, ctx):  # type: ignore[no-untyped-def]
-        self._spent = self.costs.prepare_ms + self._round_ms
+    def _value(self, mass: float, depth: int) -> float:
+        """A node's calibrated acceptance probability."""
+        return mass * self._factor[min(depth, len(self._factor) - 1)]
+
+    def _propose(self, ctx: RoundContext) -> GrownTree:
+        self._spent = self.costs.prepare_ms
         self._level = None
         self._retry = False
         self._floor = 0.0
@@ -190,20 +221,19 @@ class AutoBudgetProposer(TreeProposer):
             # stop drafting for good: every RETRY-th such round drafts anyway and measures it again.
             self._skipped += 1
             if self._skipped % RETRY or not self._root_pays(per_node_ms=0.0):
-                return DraftTree.empty()  # decided from costs alone: skip even the drafter's input features
+                return GrownTree(DraftTree.empty())  # decided from costs alone: skip even the drafter's features
             self._retry = True  # this round prices levels without the learned overhead, so it measures it
         else:
             self._skipped = 0
-        tree = super().propose(ctx)
+        grown = self.grow(ctx)
         self._close_level()
-        return tree
+        return grown
 
     def _root_pays(self, per_node_ms: float | None = None) -> bool:
         """Could even a sure first drafted state beat plain decoding, at the measured costs?"""
         per_node = self._per_node_ms if per_node_ms is None else per_node_ms
-        spent = self.costs.prepare_ms + self.costs.drafter(1) + per_node + self._round_ms
-        _, rate = best_cut([1.0], self.costs, spent)
-        return rate > 1.0 / (self.costs.target(1) + self._round_ms)
+        _, rate = best_cut([1.0], self.costs, self.costs.prepare_ms + self.costs.drafter(1) + per_node)
+        return rate > 1.0 / self.costs.target(1)
 
     def _level_ms(self, k: int) -> float:
         return self.costs.drafter(k) + (0.0 if self._retry else self._per_node_ms) * k
@@ -218,10 +248,10 @@ class AutoBudgetProposer(TreeProposer):
             self._level = None
 
     def _expand(
-        self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float]
+        self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float], depth: list[int]
     ) -> list[int]:
         self._close_level()
-        current = sorted((mass[c] for c in selected), reverse=True)
+        current = sorted((self._value(mass[c], depth[c]) for c in selected), reverse=True)
         d_now, rate_now = best_cut(current, self.costs, self._spent)
         # The per-round gamma: a node earns its replica only if its mass beats the rate times the replica's cost,
         # and the rate rarely falls as the tree grows; half that bound leaves room for the exceptions. Dropping
@@ -230,8 +260,9 @@ class AutoBudgetProposer(TreeProposer):
         # Optimistic: each expanded node gets one child as likely as itself (a child never has more mass). Expand
         # the frontier nodes whose hoped child would make the best cut of (selected + every hoped child); stop if
         # that does not beat the present rate. Two cuts per level, not one per candidate k: this runs every level.
-        ranked = sorted(frontier, key=lambda n: -mass_of[n])
-        hoped = [mass_of[n] for n in ranked]
+        hope = {n: self._value(mass_of[n], 1 + (depth[n] if n >= 0 else 0)) for n in frontier}
+        ranked = sorted(frontier, key=lambda n: -hope[n])
+        hoped = [hope[n] for n in ranked]
         merged = sorted(current + hoped, reverse=True)[: self.cfg.budget]
         d, _ = best_cut(merged, self.costs, self._spent + self._level_ms(len(ranked)))
         best_k = sum(1 for m in hoped if m >= merged[d - 1]) if d else 0
@@ -247,6 +278,7 @@ class AutoBudgetProposer(TreeProposer):
     def _mass_floor(self) -> float:
         return max(self.cfg.gamma, self._floor)
 
-    def _finish(self, selected: list[int], mass: list[float]) -> list[int]:
-        d, _ = best_cut([mass[c] for c in selected], self.costs, self._spent)
+    def _finish(self, selected: list[int], mass: list[float], depth: list[int]) -> list[int]:
+        # `selected` is in raw-mass order, parents before children: every prefix is a tree.
+        d, _ = best_cut([self._value(mass[c], depth[c]) for c in selected], self.costs, self._spent)
         return selected[:d]

@@ -10,7 +10,7 @@ from lm_eval_spot.bench import main
 def test_bench_writes_results_table_and_plots(tmp_path):
     out = tmp_path / "bench"
     main(["--n", "1", "--methods", "free-chain,graph,spot,oracle", "--budgets", "2,4", "--temps", "0,1",
-          "--threads", "1", "--out", str(out)])
+          "--threads", "1", "--repeats", "2", "--out", str(out)])
     res = json.loads((out / "results.json").read_text())
     rows = res["rows"]
     # 4 methods x 2 budgets x 2 temperatures + spot budget=auto and control per temperature
@@ -22,5 +22,11 @@ def test_bench_writes_results_table_and_plots(tmp_path):
     assert all(oracle[k] <= spot[k] < control[0]["nfe_per_sample"] for k in oracle)
     table = (out / "table.md").read_text()
     assert "| spot | auto |" in table and "python -m lm_eval_spot.bench" in table
+    assert res["repeats"] == 2
+    # budget=auto against the best fixed SPOT budget, per temperature: the bar's ratio and the paired one
+    cmp = res["auto_vs_best_fixed"]
+    assert [c["temperature"] for c in cmp] == [0.0, 1.0] and all(c["best_fixed"].startswith("spot D=") for c in cmp)
+    assert all(c["ratio_of_medians"] > 0 and c["paired_q25"] <= c["paired_median"] <= c["paired_q75"] for c in cmp)
+    assert "budget=auto reaches" in table
     for png in ("nfe_vs_budget.png", "throughput_vs_budget.png"):
         assert (out / png).stat().st_size > 5000

@@ -245,3 +245,20 @@ def test_factored_without_slot_embedding_is_permutation_equivariant():
                                   inv[last.clamp_min(0)].masked_fill(last < 0, -1))
         same = torch.allclose(a[..., perm], b, atol=1e-5)
         assert same is not slot_embedding
+
+
+@pytest.mark.parametrize("heads,layers", [(4, 1), (8, 3)])
+def test_functional_encoder_pass_equals_the_module(heads, layers):
+    """Inference runs the order model's encoder as functional ops; it must equal nn.TransformerEncoder's eval."""
+    from torch import nn
+
+    from lm_eval_spot.drafter.encoder import encode
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, heads, 96, 0.0, batch_first=True, norm_first=True)
+    enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).eval()
+    for p in enc.parameters():  # away from the init, so a wrong weight or transpose shows
+        p.data.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(3, 16, 64)
+    with torch.no_grad():
+        assert torch.allclose(encode(enc, x), enc(x), atol=1e-5)

@@ -97,6 +97,7 @@ def decode(
     accepted: list[int] = []
     block = 0
     checked_len = 0
+    prev_path: tuple[int, ...] | None = None
     while True:
         abs_pos = session.block_start + slots
         window = (abs_pos >= gen_start) & (abs_pos < gen_end)
@@ -111,16 +112,20 @@ def decode(
                 break
             tree = DraftTree.empty()
             q = None
-            if proposer is not None and not rejection:
+            # Rejection sampling drafts nothing in a block's first round (its proposal q needs stale conditionals).
+            asked = proposer is not None and (not rejection or stale is not None)
+            if asked:
+                assert proposer is not None
+                # Under rejection, positions come from the proposer at T=0 (they never depend on sampled tokens)
+                # and tokens are drawn from q.
+                temp, noise = (0.0, None) if rejection else (cfg.temperature, gumbel)
                 tree = proposer.propose(
-                    RoundContext(state, eligible, state != mask_id, stale, cfg.temperature, gumbel, mask_id, block)
+                    RoundContext(state, eligible, state != mask_id, stale, temp, noise, mask_id, block, prev_path)
                 )
-            elif proposer is not None and stale is not None:
-                # Positions from the proposer at T=0 (they never depend on sampled tokens); tokens drawn from q.
-                tree = proposer.propose(RoundContext(state, eligible, state != mask_id, stale, 0.0, None, mask_id, block))
-                q = proposal_probs(stale, list(tree.pos), cfg.temperature)
-                rng = torch.Generator().manual_seed(mix_seed("draft", seed, block, rounds))
-                tree = sample_chain_tokens(tree, q, rng)
+                if rejection:
+                    q = proposal_probs(stale, list(tree.pos), cfg.temperature)
+                    rng = torch.Generator().manual_seed(mix_seed("draft", seed, block, rounds))
+                    tree = sample_chain_tokens(tree, q, rng)
             states = compile_states(state, tree)
             logits = session.block_logits(states)
             # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
@@ -139,6 +144,7 @@ def decode(
                 tpos, ttok = transition(logits, node_eligible, cfg.temperature, gumbel)
                 path = accepted_path(tree, tpos, ttok)
             nodes = [0, *path]
+            prev_path = tuple(path) if asked else None  # feedback only on a tree the proposer made
             if observer is not None:
                 on_verify = getattr(observer, "on_verify", None)
                 if on_verify is not None:

@@ -25,6 +25,9 @@ class RoundContext:
     gumbel: torch.Tensor | None  # [L, V] the block's shared noise rows (T > 0), else None
     mask_id: int
     block: int = 0  # index of the active block within the generation (0 = the block holding the prompt's tail)
+    # The verifier's verdict on this request's previous round: the accepted node indices (1-based, root
+    # excluded) of the tree proposed then; None in a request's first round. Adaptive proposers learn from it.
+    prev_path: tuple[int, ...] | None = None
 
 
 class Proposer(Protocol):

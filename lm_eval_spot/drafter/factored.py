@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from lm_eval_spot.decoding.transition import clean_confidence
+from lm_eval_spot.drafter.encoder import encode
 from lm_eval_spot.drafter.features import COMMITTED, INACTIVE, MASKED, TOP_K, log1m_top1, stale_topk
 
 FACTORED_FEATURE_VERSION = 2
@@ -129,7 +130,7 @@ class FactoredOrderModel(nn.Module):
         x = self.inp(feat) + self.status(status) + self.rank(rank)
         if self.cfg.slot_embedding:
             x = x + self.slot(torch.arange(L, device=status.device))
-        h = self.norm(self.encoder(x))
+        h = self.norm(self.encoder(x) if self.training else encode(self.encoder, x))
         q1, k1, q2, k2 = self.pairs(h).chunk(4, dim=-1)
         scale = self.cfg.d_pair**-0.5
         return RoundTables(

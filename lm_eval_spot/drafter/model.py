@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lm_eval_spot.drafter.encoder import encode
 from lm_eval_spot.drafter.features import (FEATURE_VERSION, MASKED, MAX_DEPTH, TOP_K, node_status, prob_features,
                                            stale_topk)
 
@@ -82,23 +83,12 @@ class OrderModel(nn.Module):
     def infer(self, shared: torch.Tensor, status: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         """Inference forward (same weights and maths as `forward`, eval only): `shared` from `shared_input`.
 
-        Written with functional ops because drafting calls the model once per tree level, and on small inputs
-        the module-level dispatch of nn.TransformerEncoder costs more than its arithmetic.
+        The encoder runs as functional ops (`encoder.encode`): drafting calls the model once per tree level, and
+        on small inputs the module-level dispatch of nn.TransformerEncoder costs more than its arithmetic.
         """
         F = torch.nn.functional
-        n, L = status.shape
         d = self.cfg.d_model
-        h_heads = self.cfg.n_heads
-        x = shared.unsqueeze(0) + self.status(status) + self.depth(depth.clamp(max=MAX_DEPTH))
-        for layer in self.encoder.layers:
-            att = layer.self_attn
-            y = F.layer_norm(x, (d,), layer.norm1.weight, layer.norm1.bias, layer.norm1.eps)
-            qkv = F.linear(y, att.in_proj_weight, att.in_proj_bias).view(n, L, 3, h_heads, d // h_heads)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, L, d)
-            x = x + F.linear(a, att.out_proj.weight, att.out_proj.bias)
-            y = F.layer_norm(x, (d,), layer.norm2.weight, layer.norm2.bias, layer.norm2.eps)
-            x = x + layer.linear2(F.relu(layer.linear1(y)))
+        x = encode(self.encoder, shared.unsqueeze(0) + self.status(status) + self.depth(depth.clamp(max=MAX_DEPTH)))
         h = F.layer_norm(x, (d,), self.norm.weight, self.norm.bias, self.norm.eps)
         logits = F.linear(h, self.head.weight, self.head.bias).squeeze(-1)
         return logits.masked_fill(status != MASKED, float("-inf"))

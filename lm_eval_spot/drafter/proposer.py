@@ -73,14 +73,26 @@ class StaleConfidenceOrder:
         return w / w.sum(dim=-1, keepdim=True).clamp_min(1e-30)
 
 
+@dataclass(frozen=True)
+class GrownTree:
+    """A proposed tree with each node's prefix mass and depth (tree order, root excluded)."""
+
+    tree: DraftTree
+    mass: tuple[float, ...] = ()
+    depth: tuple[int, ...] = ()
+
+
 class TreeProposer:
     def __init__(self, order: OrderSource, cfg: TreeConfig) -> None:
         self.order = order
         self.cfg = cfg
 
     def propose(self, ctx: RoundContext) -> DraftTree:
+        return self.grow(ctx).tree
+
+    def grow(self, ctx: RoundContext) -> GrownTree:
         if ctx.stale_logits is None:
-            return DraftTree.empty()  # a block's first round: no stale conditionals to draft from
+            return GrownTree(DraftTree.empty())  # a block's first round: no stale conditionals to draft from
         D = self.cfg.budget
         L = ctx.state.shape[0]
         prep = self.order.begin(ctx)
@@ -104,7 +116,7 @@ class TreeProposer:
         # the selection stays the exact top D by mass over ALL slots (a slot's q alone does not rank its mass).
         best: list[float] = []  # min-heap of the D largest masses so far (trees)
         chain = self.cfg.chain
-        while frontier := self._expand(frontier, mass_of, selected, c_mass):
+        while frontier := self._expand(frontier, mass_of, selected, c_mass, c_depth):
             gamma = self._mass_floor()
             maps = torch.stack([depth_of[n] for n in frontier])
             q = self.order.probs(prep, ctx, maps)
@@ -145,17 +157,18 @@ class TreeProposer:
                 dm[c_pos[c]] = c_depth[c]
                 depth_of[c], mass_of[c], level_of[c] = dm, c_mass[c], c_depth[c]
                 frontier.append(c)
-        selected = self._finish(selected, c_mass)
-        return self._as_tree(selected, c_parent, c_pos, c_tok, c_depth)
+        selected = self._finish(selected, c_mass, c_depth)
+        tree, nodes = self._as_tree(selected, c_parent, c_pos, c_tok, c_depth)
+        return GrownTree(tree, tuple(c_mass[c] for c in nodes), tuple(c_depth[c] for c in nodes))
 
     # Hooks for a proposer that sizes the tree per round (budget=auto); fixed budgets expand fully.
     def _expand(
-        self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float]
+        self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float], depth: list[int]
     ) -> list[int]:
-        """The nodes to expand next (an empty list stops growing)."""
+        """The nodes to expand next (an empty list stops growing). Candidates are indices into mass/depth."""
         return frontier
 
-    def _finish(self, selected: list[int], mass: list[float]) -> list[int]:
+    def _finish(self, selected: list[int], mass: list[float], depth: list[int]) -> list[int]:
         return selected
 
     def _mass_floor(self) -> float:
@@ -178,11 +191,14 @@ class TreeProposer:
         return chain
 
     @staticmethod
-    def _as_tree(selected: list[int], parent: list[int], pos: list[int], tok: list[int], depth: list[int]) -> DraftTree:
+    def _as_tree(
+        selected: list[int], parent: list[int], pos: list[int], tok: list[int], depth: list[int]
+    ) -> tuple[DraftTree, list[int]]:
+        """The tree, and the candidate behind each of its nodes."""
         keep = set(selected)
         ordered = sorted((c for c in selected if parent[c] == -1 or parent[c] in keep), key=lambda c: (depth[c], c))
         index = {-1: 0}
-        out_parent, out_pos, out_tok = [], [], []
+        out_parent, out_pos, out_tok, nodes = [], [], [], []
         for c in ordered:
             if parent[c] not in index:
                 continue  # its parent fell out of the budget (only possible on exact mass ties)
@@ -190,7 +206,8 @@ class TreeProposer:
             out_parent.append(index[parent[c]])
             out_pos.append(pos[c])
             out_tok.append(tok[c])
-        return DraftTree(tuple(out_parent), tuple(out_pos), tuple(out_tok))
+            nodes.append(c)
+        return DraftTree(tuple(out_parent), tuple(out_pos), tuple(out_tok)), nodes
 
 
 def SpotProposer(model: DrafterModel, cfg: TreeConfig) -> TreeProposer:  # noqa: N802 (a constructor by role)
