@@ -114,8 +114,7 @@ def decode(
             q = None
             # Rejection sampling drafts nothing in a block's first round (its proposal q needs stale conditionals).
             asked = proposer is not None and (not rejection or stale is not None)
-            if asked:
-                assert proposer is not None
+            if proposer is not None and asked:
                 # Under rejection, positions come from the proposer at T=0 (they never depend on sampled tokens)
                 # and tokens are drawn from q.
                 temp, noise = (0.0, None) if rejection else (cfg.temperature, gumbel)
@@ -123,6 +122,7 @@ def decode(
                     RoundContext(state, eligible, state != mask_id, stale, temp, noise, mask_id, block, prev_path)
                 )
                 if rejection:
+                    assert stale is not None
                     q = proposal_probs(stale, list(tree.pos), cfg.temperature)
                     rng = torch.Generator().manual_seed(mix_seed("draft", seed, block, rounds))
                     tree = sample_chain_tokens(tree, q, rng)
