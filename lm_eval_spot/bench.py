@@ -117,19 +117,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T)
             seed = args.seed * 1_000_003 + i
             commits = CommitLog()
-            c1 = decode(adapter, ids, cfg, seed, stop_check=stop, observer=commits)
-            c1_wall = _fastest(c1.wall_s, args.repeats - 1, lambda: decode(adapter, ids, cfg, seed, stop_check=stop))
+
+            def run(proposer: Any = None, observer: Any = None) -> Any:
+                return decode(adapter, ids, cfg, seed, stop_check=stop, proposer=proposer, observer=observer)
+
+            c1, c1_wall = _timed(run, args.repeats, first=run(observer=commits))
             bar.update()
             order = keys[i % len(keys):] + keys[: i % len(keys)]  # rotate, so no method always runs first
             results = {}
             for m, D in order:
                 prop = OracleProposer(commits, int(D)) if m == "oracle" else proposers[(m, D)]
-                run_once = lambda p=prop: decode(adapter, ids, cfg, seed, stop_check=stop, proposer=p)  # noqa: E731
-                r = run_once()
-                results[(m, D)] = (r, _fastest(r.wall_s, args.repeats - 1, run_once))
+                results[(m, D)] = _timed(lambda p=prop: run(proposer=p), args.repeats)
                 bar.update()
-            c2 = decode(adapter, ids, cfg, seed, stop_check=stop)
-            c2_wall = _fastest(c2.wall_s, args.repeats - 1, lambda: decode(adapter, ids, cfg, seed, stop_check=stop))
+            c2, c2_wall = _timed(run, args.repeats)
             bar.update()
             if c1.token_ids != c2.token_ids:
                 log.warning("sample %d: two control runs differ (non-deterministic kernels?)", i)
@@ -170,10 +170,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _fastest(first_s: float, more: int, again: Any) -> float:
-    """The fastest of `first_s` and `more` further timed runs: outputs are deterministic, and the minimum
-    is the least disturbed by other work on the machine."""
-    return min([first_s] + [again().wall_s for _ in range(more)])
+def _timed(run: Any, repeats: int, first: Any = None) -> tuple[Any, float]:
+    """One decode (`first`, or a call of `run`) and the fastest wall time of it and `repeats - 1` more runs:
+    outputs are deterministic, and the minimum is the least disturbed by other work on the machine."""
+    result = first if first is not None else run()
+    return result, min([result.wall_s] + [run().wall_s for _ in range(repeats - 1)])
 
 
 def auto_vs_best_fixed(rows: dict[tuple[str, Any, float], Row]) -> list[dict[str, Any]]:

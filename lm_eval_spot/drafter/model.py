@@ -93,7 +93,6 @@ class OrderModel(nn.Module):
         logits = F.linear(h, self.head.weight, self.head.bias).squeeze(-1)
         return logits.masked_fill(status != MASKED, float("-inf"))
 
-
     # The interface the tree proposer and the cost measurement use (shared with factored.FactoredOrderModel).
     @property
     def device(self) -> torch.device:

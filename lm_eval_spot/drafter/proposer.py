@@ -107,7 +107,6 @@ class TreeProposer:
         c_depth: list[int] = []
         depth_of: dict[int, torch.Tensor] = {-1: torch.zeros(L, dtype=torch.long)}
         mass_of = {-1: 1.0}
-        level_of = {-1: 0}
         frontier = [-1]
         selected: list[int] = []
         children: dict[int, list[int]] = {}
@@ -117,7 +116,7 @@ class TreeProposer:
         best: list[float] = []  # min-heap of the D largest masses so far (trees)
         chain = self.cfg.chain
         while frontier := self._expand(frontier, mass_of, selected, c_mass, c_depth):
-            gamma = self._mass_floor()
+            min_mass = self._mass_floor()
             maps = torch.stack([depth_of[n] for n in frontier])
             q = self.order.probs(prep, ctx, maps)
             # A stable sort: equal probabilities (saturated confidences are common) go lowest slot first, as the
@@ -129,11 +128,11 @@ class TreeProposer:
                 node_best = 0.0
                 for qq, pos in zip(qv[row].tolist(), qi[row].tolist(), strict=True):
                     floor = node_best if chain else (best[0] if len(best) == D else 0.0)
-                    if qq <= 0.0 or base * qq < max(floor, gamma):
+                    if qq <= 0.0 or base * qq < max(floor, min_mass):
                         break  # sorted: every later slot is lighter still (token probabilities are <= 1)
                     for h in (0, 1):
                         m = base * qq * hyp_p[pos][h]
-                        if m <= 0.0 or m < gamma or m < floor:
+                        if m <= 0.0 or m < min_mass or m < floor:
                             continue
                         node_best = max(node_best, m)
                         if not chain:
@@ -147,7 +146,7 @@ class TreeProposer:
                         c_pos.append(pos)
                         c_tok.append(hyp_tok[pos][h])
                         c_mass.append(m)
-                        c_depth.append(level_of[node] + 1)
+                        c_depth.append(c_depth[node] + 1 if node >= 0 else 1)
             selected = self._select(children, c_mass, c_depth, D)
             frontier = []
             for c in selected:
@@ -155,7 +154,7 @@ class TreeProposer:
                     continue
                 dm = depth_of[c_parent[c]].clone()
                 dm[c_pos[c]] = c_depth[c]
-                depth_of[c], mass_of[c], level_of[c] = dm, c_mass[c], c_depth[c]
+                depth_of[c], mass_of[c] = dm, c_mass[c]
                 frontier.append(c)
         selected = self._finish(selected, c_mass, c_depth)
         tree, nodes = self._as_tree(selected, c_parent, c_pos, c_tok, c_depth)
