@@ -40,19 +40,19 @@ class DynamicsObserver:
         self.counts: dict[int, Counter[str]] = defaultdict(Counter)
         self._prev: tuple[int, torch.Tensor] | None = None
 
-    def on_commit(self, block, state, eligible, logits, pos, tok) -> None:
+    def on_commit(self, block, state, eligible, stale, pos, tok) -> None:
         c = self.counts[block]
         c["rounds"] += 1
         slots = eligible.nonzero().flatten()
         c["leftmost"] += int(pos == int(slots.min()))
         if self._prev is not None and self._prev[0] == block:
-            stale = self._prev[1]
-            conf = torch.softmax(stale, -1).amax(-1).masked_fill(~eligible, -1.0)
+            prev = self._prev[1]
+            conf = prev.confidence.masked_fill(~eligible, -1.0)
             c["stale_rounds"] += 1
             c["prev_top_conf_next"] += int(int(conf.argmax()) == pos)  # argmax: lowest slot on ties, as the target
             c["top8_cover"] += int(pos in conf.topk(min(8, int(eligible.sum()))).indices.tolist())
-            c["stale_argmax_token"] += int(int(stale[pos].argmax()) == tok)
-        self._prev = (block, logits.float().clone())
+            c["stale_argmax_token"] += int(int(prev.top_ids[pos, 0]) == tok)
+        self._prev = (block, stale)
 
 
 class RejectionObserver:

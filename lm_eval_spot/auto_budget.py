@@ -25,6 +25,8 @@ from functools import cached_property
 import torch
 
 from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.decoding.stale import summarize
+from lm_eval_spot.decoding.transfer import HostLink
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.model import DrafterModel
 from lm_eval_spot.decoding.proposer import RoundContext
@@ -115,7 +117,8 @@ def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int
     replicas = tuple(range(1, max_budget + 2))
     nodes = (1, 2, 4, 8, 16)
     gen = torch.Generator().manual_seed(0)
-    stale = torch.randn(L, info.vocab_size, generator=gen) * 4
+    noise = torch.randn(1, L, info.vocab_size, generator=gen) * 4
+    stale = summarize(noise.to(adapter.device), HostLink())[0]  # what a round's drafter reads: the summary
     committed = torch.zeros(L, dtype=torch.bool)
     committed[: L // 2] = True
     t_samples: dict[int, list[float]] = {r: [] for r in replicas}

@@ -38,6 +38,7 @@ class ScriptedAdapter:
         self.info = TargetInfo(mask_id, stop_ids, None, block_len, "zero", True, vocab)
         self._gen = torch.Generator().manual_seed(seed)
         self._margin = torch.rand(4096, generator=self._gen) * 4 + 1
+        self.device = torch.device("cpu")
 
     def logits_at(self, start: int, L: int) -> torch.Tensor:
         V = self.info.vocab_size
@@ -50,7 +51,7 @@ class ScriptedAdapter:
                 out[i, self.script.get(p, 2)] = float(self._margin[p])
         return out
 
-    def open(self, prompt_ids: list[int]):
+    def open(self, prompt_ids: list[int], gen_length: int | None = None):
         L = self.info.block_len
         n_full = len(prompt_ids) // L * L
         return ScriptedSession(self, n_full), list(prompt_ids[n_full:])

@@ -4,6 +4,7 @@ import torch
 
 from lm_eval_spot.analysis import DynamicsObserver, main, rejection_cause
 from lm_eval_spot.decoding.tree import DraftTree
+from summaries import view
 
 
 def test_dynamics_rates_on_hand_made_commits():
@@ -12,12 +13,12 @@ def test_dynamics_rates_on_hand_made_commits():
     obs = DynamicsObserver()
     logits0 = torch.zeros(L, V)
     logits0[:, 5] = torch.tensor([4.0, 2.0, 9.0])  # next commit after slot 2: slot 0 (best remaining) token 5
-    obs.on_commit(0, None, elig, logits0, 2, 5)
+    obs.on_commit(0, None, elig, view(logits0), 2, 5)
     e1 = torch.tensor([True, True, False])
     logits1 = torch.zeros(L, V)
     logits1[1, 6] = 3.0
-    obs.on_commit(0, None, e1, logits1, 0, 5)  # hit: stale top remaining slot 0, token 5
-    obs.on_commit(0, None, torch.tensor([False, True, False]), logits1, 1, 7)  # position hit, token miss (6 vs 7)
+    obs.on_commit(0, None, e1, view(logits1), 0, 5)  # hit: stale top remaining slot 0, token 5
+    obs.on_commit(0, None, torch.tensor([False, True, False]), view(logits1), 1, 7)  # position hit, token miss (6 vs 7)
     c = obs.counts[0]
     assert c["rounds"] == 3 and c["stale_rounds"] == 2
     assert c["prev_top_conf_next"] == 2 and c["stale_argmax_token"] == 1 and c["leftmost"] == 2

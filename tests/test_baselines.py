@@ -15,6 +15,7 @@ from lm_eval_spot.drafter.proposer import StaleConfidenceOrder, TreeConfig, Tree
 from lm_eval_spot.methods import MethodSpec, make_proposer
 
 from tiny import build_model
+from summaries import view
 
 V, MASK, EOS = 40, 2, 1
 GRAPH = RankGraph(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,), (0, 0, 0, 0), (9, 9)), (9, 8, 7, 6, 5, 4, 3, 2, 1), 9)
@@ -63,11 +64,11 @@ def test_free_chain_follows_stale_confidence_with_lowest_slot_on_ties():
     for i, margin in enumerate([1, 30, 2, 30, 3, 0, 0, 0]):
         stale[i, 7] = margin  # slots 1 and 3 saturate at confidence 1.0: a tie the target breaks by slot index
     state = torch.full((L,), MASK)
-    ctx = RoundContext(state, state == MASK, state != MASK, stale, 0.0, None, MASK)
+    ctx = RoundContext(state, state == MASK, state != MASK, view(stale), 0.0, None, MASK)
     tree = TreeProposer(StaleConfidenceOrder(), TreeConfig(budget=4, hedge_below=0.0, chain=True)).propose(ctx)
     assert tree.parent == (0, 1, 2, 3)
     assert tree.pos == (1, 3, 4, 2) and set(tree.tok) == {7}
-    assert confidence_ranking(stale, state == MASK)[:4] == [1, 3, 4, 2]
+    assert confidence_ranking(view(stale).confidence, state == MASK)[:4] == [1, 3, 4, 2]
 
 
 def test_graph_ranks_and_pruning():
@@ -76,7 +77,7 @@ def test_graph_ranks_and_pruning():
     stale = torch.zeros(L, V)
     stale[:, 9] = torch.tensor([1.0, 4.0, 3.0, 2.0])
     state = torch.tensor([MASK, MASK, 5, MASK])  # slot 2 committed: ranking over slots 1, 3, 0
-    ctx = RoundContext(state, state == MASK, state != MASK, stale, 0.0, None, MASK)
+    ctx = RoundContext(state, state == MASK, state != MASK, view(stale), 0.0, None, MASK)
     tree = GraphProposer(GRAPH, 20).propose(ctx)
     # (9, 9) is pruned (rank beyond the slots left) and so is (0, 0, 0, 0) (depth beyond the masked slots).
     assert tree.size == 7

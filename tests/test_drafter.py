@@ -16,6 +16,7 @@ from lm_eval_spot.drafter.model import (DrafterMeta, DrafterMismatchError, Order
                                         feature_version_of, load_drafter, n_params, save_drafter)
 from lm_eval_spot.drafter.train import main as train_main
 from lm_eval_spot.lm import SpotDLM
+from summaries import view
 
 
 def test_order_model_size_matches_paper():
@@ -84,14 +85,14 @@ def test_factored_training_inputs_equal_inference_inputs():
     state = torch.full((L,), 1)
     for r, p in enumerate([2, 4, 0]):
         elig = state == 1
-        rec.on_commit(0, state.clone(), elig, logits[r], p, 9)
+        rec.on_commit(0, state.clone(), elig, view(logits[r]), p, 9)
         state[p] = 9
     traj = rec.result(mask_id=1)
     model = FactoredOrderModel(FactoredConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, max_block_len=L)).eval()
     b = make_round_batch(traj, torch.tensor([2]), max_depth=1, rank_pad=L)
     with torch.no_grad():
         trained = model.node_logits(model.tables(b.feat, b.rank, b.status), b.on_path, b.last)[0, 0]
-        live = model.prepare(logits[1], traj.committed[2], traj.eligible[2])
+        live = model.prepare(view(logits[1]), traj.committed[2], traj.eligible[2])
         drafted = model.node_logits(live, torch.zeros(1, 1, L, dtype=torch.bool), torch.full((1, 1), -1))[0, 0]
     torch.testing.assert_close(trained, drafted)
     assert int(b.rank[0, 5]) < int(b.rank[0, 6])
@@ -211,7 +212,7 @@ def test_factored_host_path_equals_torch_path():
     committed[:4] = True
     eligible = ~committed
     eligible[-2:] = False
-    prep = model.prepare(torch.randn(L, 50) * 3, committed, eligible)
+    prep = model.prepare(view(torch.randn(L, 50) * 3), committed, eligible)
     assert prep.host is not None
     maps = torch.zeros(5, L, dtype=torch.long)
     maps[1, 6] = 1

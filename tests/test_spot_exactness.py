@@ -15,6 +15,7 @@ from lm_eval_spot.drafter.model import DrafterModel, OrderModel, OrderModelConfi
 from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
 
 from tiny import build_model
+from summaries import view
 
 V, MASK, EOS = 40, 2, 1
 
@@ -113,7 +114,7 @@ def test_tree_respects_budget_and_gamma(arch):
     logits[:, MASK] = float("-inf")
     state = torch.full((L,), MASK)
     state[:3] = 9
-    ctx = RoundContext(state, state == MASK, state != MASK, logits, 0.0, None, MASK)
+    ctx = RoundContext(state, state == MASK, state != MASK, view(logits), 0.0, None, MASK)
     model = random_drafter(0, arch)
     full = SpotProposer(model, TreeConfig(budget=12)).propose(ctx)
     assert full.size == 12
@@ -153,7 +154,7 @@ def test_tree_is_the_exact_top_budget_by_prefix_mass(arch, budget):
     logits[:, MASK] = float("-inf")
     state = torch.full((L,), MASK)
     state[[0, 2, 5]] = 9
-    ctx = RoundContext(state, state == MASK, state != MASK, logits, 0.0, None, MASK)
+    ctx = RoundContext(state, state == MASK, state != MASK, view(logits), 0.0, None, MASK)
     prop = SpotProposer(random_drafter(1, arch), TreeConfig(budget=budget))
     tree = prop.propose(ctx)
     probs = torch.softmax(logits, -1)

@@ -1,8 +1,10 @@
 """Block-causal targets (SDAR-style) on a native transformers causal-LM class with an exact prefix KV cache.
 
 Blocks are aligned to absolute position 0 (grid origin zero): complete prompt blocks are prefilled, the prompt's
-tail shares the first active block. R replica states of the active block are R rows of ONE batched forward against
-the shared prefix (expanded, not copied, across rows), so each replica sees exactly the prefix and its own state.
+tail shares the first active block. R replica states of the active block are R rows of ONE batched forward that
+all read the same stored prefix KV (`prefix_attention`: no per-row copies), so each replica sees exactly the
+prefix and its own state. Only the active block's positions reach the LM head (`logits_to_keep`), and the
+logits stay on the model's device.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import torch
 
 from lm_eval_spot.adapters.base import NFECounter, TargetInfo
-from lm_eval_spot.adapters.kv import KV, make_cache, read_cache
+from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, use_prefix_attention
 from lm_eval_spot.masks import allowed_to_additive, block_causal_allowed
 
 log = logging.getLogger(__name__)
@@ -46,23 +48,38 @@ class BlockCausalSession:
         R, L = states.shape
         if L != self._adapter.info.block_len:
             raise ValueError(f"states must have block length {self._adapter.info.block_len}, got {L}")
+        dev = self._adapter.device
         P = len(self._pending)
         pend_pos = torch.arange(self._len, self._len + P)
         pos = torch.cat([pend_pos, self.block_start + torch.arange(L)])
         pending = torch.tensor(self._pending, dtype=torch.long)
-        # One batch row per replica: [pending blocks ; replica state]. Rows share the prefix cache, so attention
-        # cost grows linearly with R (one packed sequence would grow it quadratically).
+        # One batch row per replica: [pending blocks ; replica state]. Rows share the prefix KV (read once per
+        # layer for all rows), so cost grows linearly with R (one packed sequence would grow it quadratically).
         ids = torch.cat([pending.expand(R, P), states.long()], dim=1)
         allowed_new = torch.ones(P + L, P + L, dtype=torch.bool)
         allowed_new[:P, :P] = block_causal_allowed(pend_pos, pend_pos, L)
         allowed_new[:P, P:] = False
-        logits, kv = self._forward(ids, pos, allowed_new, store=P > 0)
-        if kv is not None:
-            keep = self._len + P
-            self._kv = [(k[:1, :, :keep, :].clone(), v[:1, :, :keep, :].clone()) for k, v in kv]
-            self._len, self._pending = keep, []
+        mask = allowed_to_additive(allowed_new, self._adapter.dtype)[0].to(dev)
+        pp = PrefixPass(self._kv, mask, record=P)
+        with torch.no_grad():
+            out = self._adapter.model(
+                input_ids=ids.to(dev),
+                position_ids=pos.unsqueeze(0).expand(R, -1).to(dev),
+                # A per-layer-type mapping skips transformers' mask construction: masking is PrefixPass's job.
+                attention_mask={"full_attention": None, "sliding_attention": None},
+                use_cache=False,
+                logits_to_keep=L,
+                spot_prefix=pp,
+            )
+        if P:
+            if len(pp.recorded) != len(self._adapter.layers):
+                raise RuntimeError("the model did not route attention through the shared-prefix function")
+            new = [pp.recorded[i] for i in self._adapter.layers]
+            self._kv = [(torch.cat([k0, k1], -2), torch.cat([v0, v1], -2)) for (k0, v0), (k1, v1) in
+                        zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
+            self._len, self._pending = self._len + P, []
         self.nfe.rounds += 1
-        return logits[:, P:]
+        return out.logits.float()
 
     def commit_block(self, block: torch.Tensor) -> None:
         """Queue a finished block; its KV is written by the next forward (no forward of its own, no NFE)."""
@@ -70,33 +87,10 @@ class BlockCausalSession:
             raise ValueError("commit_block takes one complete block")
         self._pending.extend(block.tolist())
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, allowed_new: torch.Tensor, store: bool):
-        """Run the model on `ids` [R, N] at `positions` [N] (same for every row); the cached prefix is visible
-        to every query.
-
-        allowed_new [N, N]: which new tokens each new token may attend. Returns (logits [R, N, V], kv or None).
-        """
-        model = self._adapter.model
-        dev = self._adapter.device
-        R, n = ids.shape
-        allowed = torch.cat([torch.ones(n, self._len, dtype=torch.bool), allowed_new], dim=1)
-        mask = allowed_to_additive(allowed, self._adapter.dtype).unsqueeze(0).to(dev).expand(R, -1, -1, -1)
-        cache = make_cache(self._kv, batch=R)
-        with torch.no_grad():
-            out = model(
-                input_ids=ids.to(dev),
-                attention_mask=mask,
-                position_ids=positions.unsqueeze(0).expand(R, -1).to(dev),
-                past_key_values=cache,
-                use_cache=True,
-            )
-        # The decoding loop (transition, verification, drafting) runs on the CPU: logits come back there.
-        logits = out.logits.float().cpu()
-        return logits, (read_cache(out.past_key_values) if store else None)
-
 
 class BlockCausalAdapter:
-    """Adapter for a causal-LM class that accepts 4D additive masks, position ids and a DynamicCache."""
+    """Adapter for a transformers causal-LM class whose attention goes through transformers' attention-function
+    registry (Qwen3, Llama, Qwen2, ...) and that takes position ids and `logits_to_keep`."""
 
     def __init__(self, model: torch.nn.Module, info: TargetInfo) -> None:
         if info.grid_origin != "zero":
@@ -105,8 +99,11 @@ class BlockCausalAdapter:
         self.info = info
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        use_prefix_attention(self.model)
+        self.layers = [m.layer_idx for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
 
-    def open(self, prompt_ids: list[int]) -> tuple[BlockCausalSession, list[int]]:
+    def open(self, prompt_ids: list[int], gen_length: int | None = None) -> tuple[BlockCausalSession, list[int]]:
+        """gen_length is not needed by a block-causal target (later blocks never influence earlier ones)."""
         L = self.info.block_len
         n_full = len(prompt_ids) // L * L
         return BlockCausalSession(self, list(prompt_ids[:n_full])), list(prompt_ids[n_full:])

@@ -52,9 +52,8 @@ class RankGraph:
         return RankGraph(tuple(tuple(n) for n in doc["nodes"]), tuple(doc["counts"]), doc["rounds"], doc["target"])
 
 
-def confidence_ranking(stale_logits: torch.Tensor, eligible: torch.Tensor) -> list[int]:
-    """Eligible slots, most stale-confident first (lowest index on ties)."""
-    conf = torch.softmax(stale_logits.float(), dim=-1).amax(dim=-1)
+def confidence_ranking(conf: torch.Tensor, eligible: torch.Tensor) -> list[int]:
+    """Eligible slots, most stale-confident first (lowest index on ties). conf [L]: stale clean confidence."""
     slots = eligible.nonzero().flatten().tolist()
     return sorted(slots, key=lambda i: (-float(conf[i]), i))
 
@@ -79,9 +78,9 @@ class GraphProposer:
         self.graph, self.budget = graph, budget
 
     def propose(self, ctx: RoundContext) -> DraftTree:
-        if ctx.stale_logits is None:
+        if ctx.stale is None:
             return DraftTree.empty()
-        ranking = confidence_ranking(ctx.stale_logits, ctx.eligible)
+        ranking = confidence_ranking(ctx.stale.confidence, ctx.eligible)
         tok = token_hypotheses(ctx, hedge_below=0.0)[0][:, 0].tolist()
         index: dict[tuple[int, ...], int] = {(): 0}
         left_of: dict[tuple[int, ...], list[int]] = {(): ranking}
@@ -108,8 +107,9 @@ class _RankCounter:
     def __init__(self) -> None:
         self.blocks: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
 
-    def on_commit(self, block, state, eligible, logits, pos, tok) -> None:
-        self.blocks.setdefault(block, []).append((eligible.clone(), logits.clone(), pos))
+    def on_commit(self, block, state, eligible, stale, pos, tok) -> None:
+        # Only what the counts need: the stale confidence [L], not the logits.
+        self.blocks.setdefault(block, []).append((eligible.clone(), stale.confidence.clone(), pos))
 
     def count_into(self, counts: Counter[tuple[int, ...]]) -> int:
         rounds = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from lm_eval_spot.decoding.proposer import RoundContext
+from lm_eval_spot.decoding.stale import Stale
 from lm_eval_spot.decoding.tree import DraftTree
 
 
@@ -19,7 +20,7 @@ class CommitLog:
         self.blocks: dict[int, list[tuple[int, int]]] = {}
 
     def on_commit(
-        self, block: int, state: torch.Tensor, eligible: torch.Tensor, logits: torch.Tensor, pos: int, tok: int
+        self, block: int, state: torch.Tensor, eligible: torch.Tensor, stale: Stale, pos: int, tok: int
     ) -> None:
         self.blocks.setdefault(block, []).append((pos, tok))
 
@@ -35,7 +36,7 @@ class OracleProposer:
         self.log, self.budget, self.stale_only = log, budget, stale_only
 
     def propose(self, ctx: RoundContext) -> DraftTree:
-        if self.stale_only and ctx.stale_logits is None:
+        if self.stale_only and ctx.stale is None:
             return DraftTree.empty()
         commits = self.log.blocks.get(ctx.block, [])
         # The decoder follows the control trajectory exactly, so the committed slots are a prefix of the log.

@@ -1,7 +1,12 @@
 """Gumbel noise rows, one per (request seed, block, position), shared by the target and any drafter.
 
-A block's rows are drawn from a generator seeded by (request seed, block index) alone, so row i of block b is
-the same whichever method (control, SPOT, any budget) asks for it: that is what couples drafts to the target.
+Each entry is a pure function of (request seed, block index, position, token id): a counter-based hash
+(SplitMix64 over 64-bit integer arithmetic, exact on every device) gives a uniform u in (0, 1), and
+G = -log(-log u) in float64. So row i of block b is the same whichever method asks for it (that couples drafts
+to the target), whatever the block length or vocabulary width, and on CPU and CUDA alike: integer ops are exact
+everywhere; only the float64 log may differ in its last unit between devices, which decides a Gumbel-max
+argmax only at a tie within ~1e-16 relative. Float64 throughout because low-precision Gumbel-max measurably
+biases samples over 100k-token vocabularies (the LLaDA authors' finding).
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ import hashlib
 import torch
 
 _MASK63 = (1 << 63) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_MUL1 = 0xBF58476D1CE4E5B9
+_MUL2 = 0x94D049BB133111EB
 
 
 def mix_seed(*parts: object) -> int:
@@ -19,10 +27,37 @@ def mix_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & _MASK63
 
 
-def gumbel_rows(seed: int, block_index: int, block_len: int, vocab_size: int) -> torch.Tensor:
-    """Standard Gumbel noise [block_len, vocab_size] (float32) for one block of one request."""
-    gen = torch.Generator(device="cpu").manual_seed(mix_seed("gumbel", seed, block_index))
-    u = torch.rand((block_len, vocab_size), generator=gen, dtype=torch.float64)
-    # float64 draws keep u away from 0 and 1, so -log(-log(u)) stays finite.
-    u = u.clamp_(min=1e-300, max=1.0 - 1e-16)
-    return (-torch.log(-torch.log(u))).to(torch.float32)
+def _signed(x: int) -> int:
+    """An unsigned 64-bit constant as the int64 with the same bits."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def uniform_bits(key: int, counters: torch.Tensor) -> torch.Tensor:
+    """SplitMix64 of (key + counter * golden) for int64 counters: 64-bit hashes as int64 bit patterns."""
+    z = counters * _signed(_GOLDEN) + _signed(key)  # int64 arithmetic wraps modulo 2^64 on CPU and CUDA
+    z = (z ^ _shr(z, 30)) * _signed(_MUL1)
+    z = (z ^ _shr(z, 27)) * _signed(_MUL2)
+    return z ^ _shr(z, 31)
+
+
+def gumbel_rows(
+    seed: int, block_index: int, positions: int | torch.Tensor, vocab_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Standard Gumbel noise [P, vocab_size] float64 for the given in-block positions (an int P means 0..P-1).
+
+    Entry (i, v) hashes the counter i * 2^32 + v under the key of (seed, block): positions and token ids index
+    the same stream on every device and for every vocabulary width.
+    """
+    pos = torch.arange(positions, device=device) if isinstance(positions, int) else positions.to(device)
+    key = mix_seed("gumbel", seed, block_index)
+    counters = (pos.long()[:, None] << 32) + torch.arange(vocab_size, device=device, dtype=torch.long)[None, :]
+    bits = uniform_bits(key, counters)
+    # 53 high bits, offset by half a step: u is in (0, 1) exclusive, so -log(-log(u)) is always finite.
+    u = (_shr(bits, 11).to(torch.float64) + 0.5) * 2.0**-53
+    return -torch.log(-torch.log(u))

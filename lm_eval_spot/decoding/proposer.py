@@ -10,6 +10,7 @@ from typing import Protocol
 
 import torch
 
+from lm_eval_spot.decoding.stale import Stale
 from lm_eval_spot.decoding.tree import DraftTree
 
 
@@ -20,9 +21,9 @@ class RoundContext:
     state: torch.Tensor  # [L] current block state (mask id where masked)
     eligible: torch.Tensor  # [L] bool: masked slots inside the generation window
     committed_before: torch.Tensor  # [L] bool: slots that hold a token at the start of this round
-    stale_logits: torch.Tensor | None  # [L, V] the most recent target logits of this block; None in its 1st round
+    stale: Stale | None  # summary of the most recent target logits of this block; None in its 1st round
     temperature: float
-    gumbel: torch.Tensor | None  # [L, V] the block's shared noise rows (T > 0), else None
+    gumbel: torch.Tensor | None  # [L, V] the block's shared noise rows (T > 0, on the target's device), else None
     mask_id: int
     block: int = 0  # index of the active block within the generation (0 = the block holding the prompt's tail)
     # The verifier's verdict on this request's previous round: the accepted node indices (1-based, root
@@ -40,15 +41,14 @@ def token_hypotheses(ctx: RoundContext, hedge_below: float) -> tuple[torch.Tenso
     T=0: stale top-1, plus the runner-up when top-1 < hedge_below. T>0: the coupled stale draw
     argmax(stale/T + G) with the same Gumbel rows the target uses, and its stale probability at T.
     """
-    assert ctx.stale_logits is not None
-    logits = ctx.stale_logits.float()
+    stale = ctx.stale
+    assert stale is not None
     if ctx.temperature > 0:
-        assert ctx.gumbel is not None
-        scaled = logits / ctx.temperature
-        tok = (scaled + ctx.gumbel).argmax(dim=-1)
-        p = torch.softmax(scaled, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+        if stale.draw_tok is None or stale.draw_p is None:
+            raise ValueError("T > 0 drafting needs the coupled stale draws in the summary")
+        tok, p = stale.draw_tok, stale.draw_p
         return torch.stack([tok, tok], -1), torch.stack([p, torch.zeros_like(p)], -1)
-    probs = torch.softmax(logits, dim=-1)
-    top = probs.topk(2, dim=-1)
-    p2 = torch.where(top.values[:, 0] < hedge_below, top.values[:, 1], torch.zeros_like(top.values[:, 1]))
-    return top.indices, torch.stack([top.values[:, 0], p2], -1)
+    p1 = stale.topk[:, 0]
+    p2 = stale.topk[:, 1] if stale.topk.shape[-1] > 1 else torch.zeros_like(p1)
+    p2 = torch.where(p1 < hedge_below, p2, torch.zeros_like(p2))
+    return stale.top_ids, torch.stack([p1, p2], -1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from lm_eval_spot.decoding.transfer import HostLink
 from lm_eval_spot.decoding.transition import select_positions
 from lm_eval_spot.decoding.tree import DraftTree
 
@@ -22,15 +23,24 @@ def is_chain(tree: DraftTree) -> bool:
 
 
 def proposal_probs(stale_logits: torch.Tensor, positions: list[int], temperature: float) -> torch.Tensor:
-    """q rows [D, V] for the drafted positions."""
+    """q rows [D, V] for the drafted positions (on the logits' device)."""
     return torch.softmax(stale_logits[positions].float() / temperature, dim=-1)
+
+
+def draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One index per row of probs [..., V] (any device) by inverse CDF of host uniforms (float64) -> [...] long."""
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand(probs.shape[:-1], generator=gen, dtype=torch.float64).to(probs.device)
+    # right=True: the first index whose cdf exceeds u * total, so a zero-probability index is never returned.
+    idx = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
+    return idx.clamp_max(probs.shape[-1] - 1)
 
 
 def sample_chain_tokens(tree: DraftTree, q: torch.Tensor, gen: torch.Generator) -> DraftTree:
     """Replace the chain's tokens by draws from its proposal rows q [D, V]."""
     if not tree.size:
         return tree
-    tok = torch.multinomial(q, 1, generator=gen).flatten().tolist()
+    tok = draw(q, gen).cpu().tolist()
     return DraftTree(tree.parent, tree.pos, tuple(tok))
 
 
@@ -41,34 +51,43 @@ def rejection_verify(
     eligible: torch.Tensor,
     temperature: float,
     gen: torch.Generator,
+    link: HostLink | None = None,
 ) -> tuple[list[int], int, int]:
     """Chain nodes 1..D with proposal rows q [D, V]; logits [1 + D, L, V] and eligible [1 + D, L] of the root and
-    every drafted state. Returns (accepted nodes, position, token) of the final commit from the last accepted
-    node; position -1 when that node has nothing left to commit."""
+    every drafted state (all on one device). Returns (accepted nodes, position, token) of the final commit from
+    the last accepted node; position -1 when that node has nothing left to commit."""
     if not is_chain(tree):
         raise ValueError("rejection verification needs a chain (each drafted node's parent is the one before)")
-    pos_star = select_positions(logits, eligible | ~eligible.any(-1, keepdim=True))
+    link = link or HostLink()
+    has = eligible.any(-1)
+    pos_star = select_positions(logits, eligible | ~has[:, None])
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    p = torch.softmax(logits[rows, pos_star].float() / temperature, dim=-1)  # [1 + D, V]: the target's law
+    D = tree.size
+    # Everything the walk may need, drawn and reduced on the device; the host walks the chain on scalars.
+    x = torch.tensor(tree.tok, dtype=torch.long, device=logits.device)
+    u = torch.rand(D, generator=gen, dtype=torch.float64)
+    resid = (p[:D] - q.float()).clamp_min(0.0) if D else p[:0]
+    total = resid.sum(-1, keepdim=True)
+    resid = torch.where(total > 0, resid, p[:D])  # p == q: the rejection has probability 0; stay defined
+    p_x = p[:D].gather(-1, x[:, None]).squeeze(-1) if D else p.new_zeros(0)
+    q_x = q.float().gather(-1, x[:, None]).squeeze(-1) if D else p.new_zeros(0)
+    from_p = draw(p, gen)  # [1 + D]: a fresh draw from p at every node (position mismatch, or the final commit)
+    from_resid = draw(resid, gen) if D else from_p[:0]
+    pos_h, has_h, px, qx, fp, fr = link.pull(pos_star, has, p_x, q_x, from_p, from_resid)
     path: list[int] = []
     node = 0
-    for j in range(tree.size):
-        if not bool(eligible[node].any()):
+    for j in range(D):
+        if not bool(has_h[node]):
             return path, -1, -1
-        i_star = int(pos_star[node])
-        p = torch.softmax(logits[node, i_star].float() / temperature, dim=-1)
+        i_star = int(pos_h[node])
         if tree.pos[j] != i_star:
-            return path, i_star, int(torch.multinomial(p, 1, generator=gen))
-        x = tree.tok[j]
-        u = float(torch.rand((), generator=gen, dtype=torch.float64))
-        if u * float(q[j, x]) < float(p[x]):  # u < p/q without dividing by a zero q
+            return path, i_star, int(fp[node])
+        if float(u[j]) * float(qx[j]) < float(px[j]):  # u < p/q without dividing by a zero q
             path.append(j + 1)
             node = j + 1
             continue
-        resid = (p - q[j].float()).clamp_min(0.0)
-        total = float(resid.sum())
-        draw = resid / total if total > 0 else p  # p == q: the rejection has probability 0; stay defined
-        return path, i_star, int(torch.multinomial(draw, 1, generator=gen))
-    if not bool(eligible[node].any()):
+        return path, i_star, int(fr[j])
+    if not bool(has_h[node]):
         return path, -1, -1
-    i_star = int(pos_star[node])
-    p = torch.softmax(logits[node, i_star].float() / temperature, dim=-1)
-    return path, i_star, int(torch.multinomial(p, 1, generator=gen))
+    return path, int(pos_h[node]), int(fp[node])

@@ -1,8 +1,9 @@
 """The target's transition f(s): one commit per forward, as the draft-free decoder defines it.
 
 Position: the eligible masked slot with the highest clean confidence max_v softmax(l[i])_v, lowest index on
-ties. Token: argmax at T=0, Gumbel-max argmax(l/T + G) at T>0 with the block's shared noise rows. The
-position never depends on the noise, so f is a deterministic function of the state given the noise.
+ties. Token: argmax at T=0, Gumbel-max argmax(l/T + G) at T>0 with the block's shared noise rows (float64). The
+position never depends on the noise, so f is a deterministic function of the state given the noise. Every
+function here runs on whatever device its tensors are on (the target's): nothing of size V leaves it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def select_tokens(
         return logits_at.float().argmax(dim=-1)
     if gumbel is None:
         raise ValueError("temperature > 0 needs the block's Gumbel rows")
-    return (logits_at.float() / temperature + gumbel[positions]).argmax(dim=-1)
+    # float64 Gumbel-max: float32 sums of l/T + G tie or round away small probability differences at V ~ 150k.
+    return (logits_at.double() / temperature + gumbel[positions]).argmax(dim=-1)
 
 
 def transition(

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lm_eval_spot.decoding.transition import clean_confidence
-from lm_eval_spot.drafter.features import TOP_K, log1m_top1, node_status, prob_features
+from lm_eval_spot.drafter.features import TOP_K, node_status, prob_features
 
 
 @dataclass
@@ -52,10 +51,9 @@ class TrajectoryRecorder:
         self.sample_id, self.block_offset, self.top_k = sample_id, block_offset, top_k
         self.rows: list[tuple] = []
 
-    def on_commit(self, block, state, eligible, logits, pos, tok) -> None:
-        probs = torch.softmax(logits.float(), dim=-1)
-        top = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
-        self.rows.append((top.values.half(), clean_confidence(logits), log1m_top1(logits), top.indices[:, 0].int(),
+    def on_commit(self, block, state, eligible, stale, pos, tok) -> None:
+        self.rows.append((stale.topk[:, : self.top_k].half(), stale.confidence.clone(), stale.log1m.clone(),
+                          stale.top_ids[:, 0].int(),
                           eligible.clone(), state.clone(), pos, tok, self.block_offset + block))
 
     def result(self, mask_id: int) -> Trajectories | None:

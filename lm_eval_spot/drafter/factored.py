@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from lm_eval_spot.decoding.transition import clean_confidence
+from lm_eval_spot.decoding.stale import Stale
 from lm_eval_spot.drafter.encoder import encode
-from lm_eval_spot.drafter.features import COMMITTED, INACTIVE, MASKED, TOP_K, log1m_top1, stale_topk
+from lm_eval_spot.drafter.features import COMMITTED, INACTIVE, MASKED, TOP_K
 
 FACTORED_FEATURE_VERSION = 2
 LOG1M_SCALE = 10.0  # -log(1 - p1) spans ~0..30 nats on confident targets; scaled to ~0..3
@@ -156,15 +156,14 @@ class FactoredOrderModel(nn.Module):
 
     # The interface the tree proposer and the cost measurement use (shared with model.OrderModel).
     @torch.no_grad()
-    def prepare(self, stale_logits: torch.Tensor, committed: torch.Tensor, eligible: torch.Tensor) -> RoundTables:
-        """[L, V] stale logits and the root's [L] masks -> the round's tables (on the model's device)."""
+    def prepare(self, stale: Stale, committed: torch.Tensor, eligible: torch.Tensor) -> RoundTables:
+        """The stale summary and the root's [L] masks -> the round's tables (on the model's device)."""
         dev = self.device
-        logits = stale_logits.to(dev)
-        # The same feature functions the trajectory recorder uses, so inputs match training bit for bit; top-k is
-        # rounded to float16 as trajectories store it.
-        feat, rank, status = round_inputs(stale_topk(logits, self.cfg.top_k).half().float(), clean_confidence(logits),
-                                          log1m_top1(logits), committed.to(dev), eligible.to(dev),
-                                          self.cfg.max_block_len)
+        # The same summary the trajectory recorder stores, so inputs match training bit for bit; top-k is rounded
+        # to float16 as trajectories store it.
+        topk = stale.topk[:, : self.cfg.top_k].to(dev).half().float()
+        feat, rank, status = round_inputs(topk, stale.confidence.to(dev), stale.log1m.to(dev), committed.to(dev),
+                                          eligible.to(dev), self.cfg.max_block_len)
         t = self.tables(feat[None], rank[None], status[None])
         return replace(t, host=HostTables.of(t)) if dev.type == "cpu" else t
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from lm_eval_spot.decoding.stale import TOP_K  # noqa: F401 (the drafter reads what the summary holds)
+
 FEATURE_VERSION = 1
-TOP_K = 32
 MAX_DEPTH = 64  # path depths beyond this share one embedding
 
 # Slot status on a hypothetical state.
@@ -17,20 +18,6 @@ COMMITTED = 0  # held a token when the round began (prompt tail, earlier commits
 ON_PATH = 1  # committed along the hypothetical path (its depth is a separate feature)
 MASKED = 2  # still masked and eligible: a candidate for the next commit
 INACTIVE = 3  # masked but outside the generation window: never committed
-
-
-def stale_topk(stale_logits: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
-    """[L, V] stale logits -> [L, k] sorted (descending) probabilities."""
-    probs = torch.softmax(stale_logits.float(), dim=-1)
-    return probs.topk(min(k, probs.shape[-1]), dim=-1).values
-
-
-def log1m_top1(logits: torch.Tensor) -> torch.Tensor:
-    """[..., V] logits -> [...] log(1 - max_v p_v), computed from the logits so it stays precise when p ~ 1."""
-    lf = logits.float()
-    top = lf.argmax(dim=-1, keepdim=True)
-    rest = lf.scatter(-1, top, float("-inf"))
-    return torch.logsumexp(rest, dim=-1) - torch.logsumexp(lf, dim=-1)
 
 
 def prob_features(topk_probs: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from lm_eval_spot.drafter.encoder import encode
-from lm_eval_spot.drafter.features import (FEATURE_VERSION, MASKED, MAX_DEPTH, TOP_K, node_status, prob_features,
-                                           stale_topk)
+from lm_eval_spot.decoding.stale import Stale
+from lm_eval_spot.drafter.features import FEATURE_VERSION, MASKED, MAX_DEPTH, TOP_K, node_status, prob_features
 
 
 class DrafterMismatchError(ValueError):
@@ -100,11 +100,11 @@ class OrderModel(nn.Module):
 
     @torch.no_grad()
     def prepare(
-        self, stale_logits: torch.Tensor, committed: torch.Tensor, eligible: torch.Tensor
+        self, stale: Stale, committed: torch.Tensor, eligible: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # Trajectories store top-k probabilities in float16; rounding the same way here keeps the inputs the
         # model sees at inference identical in kind to its training inputs (near-1 values saturate alike).
-        topk = stale_topk(stale_logits.to(self.device), self.cfg.top_k).half().float()
+        topk = stale.topk[:, : self.cfg.top_k].to(self.device).half().float()
         return self.shared_input(prob_features(topk)), committed.to(self.device), eligible.to(self.device)
 
     @torch.no_grad()

@@ -52,9 +52,9 @@ class LearnedOrder:
         self.model = model.eval()
 
     def begin(self, ctx: RoundContext) -> Any:
-        assert ctx.stale_logits is not None
+        assert ctx.stale is not None
         # The model may sit on an accelerator (next to the target); the tree logic stays on the CPU.
-        return self.model.prepare(ctx.stale_logits, ctx.committed_before, ctx.eligible)
+        return self.model.prepare(ctx.stale, ctx.committed_before, ctx.eligible)
 
     def probs(self, prep: Any, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
         return self.model.node_probs(prep, depth_maps)
@@ -64,8 +64,8 @@ class StaleConfidenceOrder:
     """Training-free: slots ranked by stale clean confidence max_v p(v), renormalised over what is left."""
 
     def begin(self, ctx: RoundContext) -> torch.Tensor:
-        assert ctx.stale_logits is not None
-        return torch.softmax(ctx.stale_logits.float(), dim=-1).amax(dim=-1)
+        assert ctx.stale is not None
+        return ctx.stale.confidence
 
     def probs(self, prep: torch.Tensor, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
         status = node_status(ctx.committed_before, ctx.eligible, depth_maps)
@@ -91,7 +91,7 @@ class TreeProposer:
         return self.grow(ctx).tree
 
     def grow(self, ctx: RoundContext) -> GrownTree:
-        if ctx.stale_logits is None:
+        if ctx.stale is None:
             return GrownTree(DraftTree.empty())  # a block's first round: no stale conditionals to draft from
         D = self.cfg.budget
         L = ctx.state.shape[0]

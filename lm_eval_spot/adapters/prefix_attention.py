@@ -1,0 +1,101 @@
+"""Attention of R replica rows against ONE shared prefix KV, without R copies of it.
+
+transformers' caches concatenate the prefix with each forward's new keys, which materialises the prefix once per
+batch row: R replicas of the active block would cost R copies of the whole prefix KV per forward (about 3 GB for
+SDAR-8B with a 1k-token prefix at R = 21). This module registers an attention function (under `NAME`) that the
+block-causal adapter selects on its model: when a forward carries a `PrefixPass`, each layer attends the stored
+prefix [1, kv, P, d] once for all rows (replicas folded into the query axis of one matmul per KV head) and each
+row's own new keys separately, with one softmax over both. Without a `PrefixPass` (any other caller of the model)
+it is transformers' own SDPA attention.
+
+Two paths, chosen only by whether the forward carries pending blocks (the same for every method in a given
+round, so control and SPOT rows always take the same arithmetic):
+- no pending tokens (every round but a block's first): the shared-prefix path above;
+- pending tokens (a block's first round, which also writes the pending blocks' KV): SDPA over the
+  concatenated keys, which can be long (a 1k-token prompt) and is then better served by a fused kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+NAME = "spot_prefix"
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, P, head_dim]
+
+
+@dataclass
+class PrefixPass:
+    """One forward's view of the prefix: the stored KV (per layer), the new tokens' additive mask [N, N], and
+    how many leading new tokens (pending blocks, batch row 0) to record for the cache."""
+
+    prefix: KV | None
+    new_mask: torch.Tensor  # [N, N] additive (0 = attend), in the model's dtype, on its device
+    record: int = 0
+    recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+        """q [R, H, N, d], k/v [R, kv, N, d] (after RoPE) -> attention output [R, N, H, d]."""
+        if self.record:
+            self.recorded[layer] = (k[:1, :, : self.record], v[:1, :, : self.record])
+        pre = self.prefix[layer] if self.prefix else None
+        if self.record:
+            return self._wide(pre, q, k, v, scaling)
+        return self._shared(pre, q, k, v, scaling)
+
+    def _shared(self, pre, q, k, v, scaling):
+        R, H, N, d = q.shape
+        kvh = k.shape[1]
+        g = H // kvh
+        qg = q.view(R, kvh, g, N, d)
+        own = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scaling + self.new_mask  # [R, kv, g, N, N]
+        P = 0 if pre is None else pre[0].shape[-2]
+        if P:
+            kp, vp = pre
+            # Replicas folded into the query axis: one [R*g*N, d] x [d, P] matmul per KV head reads the prefix once.
+            qf = qg.permute(1, 0, 2, 3, 4).reshape(kvh, R * g * N, d)
+            sp = (torch.matmul(qf, kp[0].transpose(-1, -2)) * scaling).view(kvh, R, g, N, P).permute(1, 0, 2, 3, 4)
+            scores = torch.cat([sp, own], dim=-1)
+        else:
+            scores = own
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = torch.matmul(probs[..., P:], v.unsqueeze(2))  # [R, kv, g, N, d]
+        if P:
+            pp = probs[..., :P].permute(1, 0, 2, 3, 4).reshape(kvh, R * g * N, P)
+            out = out + torch.matmul(pp, vp[0]).view(kvh, R, g, N, d).permute(1, 0, 2, 3, 4)
+        return out.reshape(R, H, N, d).transpose(1, 2).contiguous()
+
+    def _wide(self, pre, q, k, v, scaling):
+        R, H, N, d = q.shape
+        g = H // k.shape[1]
+        mask = self.new_mask
+        if pre is not None and pre[0].shape[-2]:
+            kp, vp = pre
+            k = torch.cat([kp.expand(R, -1, -1, -1), k], dim=-2)
+            v = torch.cat([vp.expand(R, -1, -1, -1), v], dim=-2)
+            mask = torch.cat([mask.new_zeros(N, kp.shape[-2]), mask], dim=-1)
+        k = k.repeat_interleave(g, dim=1)
+        v = v.repeat_interleave(g, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+        return out.transpose(1, 2).contiguous()
+
+
+def prefix_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, spot_prefix=None, **kw):
+    """transformers' attention-function signature (query [B, H, N, d]; returns ([B, N, H, d], None))."""
+    if spot_prefix is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return spot_prefix.attend(module.layer_idx, query, key, value, scale), None
+
+
+def use_prefix_attention(model: torch.nn.Module) -> None:
+    """Select the shared-prefix attention on `model` (registered with transformers once; idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, prefix_attention)
+    model.config._attn_implementation = NAME
