@@ -70,7 +70,8 @@ def test_replica_logits_equal_each_state_alone_and_cache_unchanged():
     assert batched.shape == (5, L, V)
     for r in range(states.shape[0]):
         alone = session.block_logits(states[r : r + 1])[0]
-        torch.testing.assert_close(batched[r], alone, rtol=0, atol=1e-4)
+        # Bit for bit on the CPU (float32): each row's arithmetic does not depend on how many rows share it.
+        assert torch.equal(batched[r], alone)
     after = session.prefix_kv
     assert len(after) == len(before)
     for (k0, v0), (k1, v1) in zip(before, after, strict=True):

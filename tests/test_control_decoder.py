@@ -8,11 +8,10 @@ import torch
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
-from lm_eval_spot.decoding.transition import transition
-from lm_eval_spot.masks import block_causal_mask
 from lm_eval_spot.stopping import make_stop_check
 
 from fakes import ScriptedAdapter
+from reference import reference_decode
 from tiny import build_model
 
 V, MASK, EOS = 40, 2, 1
@@ -23,49 +22,13 @@ def tiny_adapter(L: int = 8, seed: int = 0) -> BlockCausalAdapter:
                               TargetInfo(MASK, frozenset({EOS}), EOS, L, "zero", True, V))
 
 
-def reference_decode(adapter: BlockCausalAdapter, prompt: list[int], max_toks: int, T: float, seed: int):
-    """Naive control: recompute the WHOLE sequence every step (no cache), one commit per forward."""
-    from lm_eval_spot.decoding.noise import gumbel_rows
-
-    L = adapter.info.block_len
-    seq = list(prompt)
-    gen_start, out = len(prompt), []
-    block = 0
-    while True:
-        start = len(seq) // L * L
-        cur = seq[start:] + [MASK] * (L - (len(seq) - start))
-        g = gumbel_rows(seed, block, L, V) if T > 0 else None
-        while True:
-            window = torch.tensor([gen_start <= start + i < gen_start + max_toks for i in range(L)])
-            state = torch.tensor(cur)
-            elig = (state == MASK) & window
-            if not elig.any():
-                break
-            ids = torch.tensor(seq[:start] + cur)
-            pos = torch.arange(len(ids))
-            with torch.no_grad():
-                logits = adapter.model(input_ids=ids[None], attention_mask=block_causal_mask(pos, pos, L, torch.float32),
-                                       position_ids=pos[None]).logits[0, start:]
-            logits[:, MASK] = float("-inf")
-            p, t = transition(logits[None], elig[None], T, g)
-            cur[int(p)] = int(t)
-        gen = [c for i, c in enumerate(cur) if gen_start <= start + i < gen_start + max_toks]
-        out += gen
-        if EOS in out:
-            return out[: out.index(EOS)]
-        if len(out) >= max_toks:
-            return out[:max_toks]
-        seq = seq[:start] + cur
-        block += 1
-
-
 @pytest.mark.parametrize("T", [0.0, 1.0])
 @pytest.mark.parametrize("prompt_len,L", [(5, 8), (16, 8), (0, 8), (11, 4)])
 def test_control_equals_naive_full_recompute(prompt_len, L, T):
     adapter = tiny_adapter(L, seed=prompt_len)
     prompt = torch.randint(5, V, (prompt_len,), generator=torch.Generator().manual_seed(3)).tolist()
     res = decode(adapter, prompt, DecodeConfig(max_gen_toks=21, temperature=T), seed=11)
-    assert res.token_ids == reference_decode(adapter, prompt, 21, T, seed=11)
+    assert res.token_ids == reference_decode(adapter.model, prompt, L, MASK, {EOS}, 21, T, seed=11)[0]
     assert res.committed == res.rounds  # one commit per forward
     assert res.nfe.rounds == res.rounds
 
@@ -85,7 +48,7 @@ def test_commit_order_is_by_confidence_not_left_to_right():
     order: list[int] = []
 
     class Obs:
-        def on_commit(self, block, state, eligible, logits, pos, tok):
+        def on_commit(self, block, state, eligible, stale, pos, tok):
             order.append(pos)
 
     res = decode(adapter, [5, 6, 7], DecodeConfig(max_gen_toks=13), seed=0, observer=Obs())

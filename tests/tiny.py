@@ -34,7 +34,8 @@ def build_tokenizer(out_dir: Path, with_mask: bool = True):
     return fast
 
 
-def build_model(vocab_size: int, seed: int = 0, hidden: int = 32, layers: int = 2, block_length: int = 8):
+def build_model(vocab_size: int, seed: int = 0, hidden: int = 32, layers: int = 2, block_length: int = 8,
+                embed_scale: float = 40.0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
@@ -52,9 +53,10 @@ def build_model(vocab_size: int, seed: int = 0, hidden: int = 32, layers: int = 
     cfg.block_length = block_length
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg).eval()
-    # Random init gives near-uniform logits; a larger output scale makes argmax/confidence decisive.
+    # Random init gives near-uniform logits; a larger output scale makes argmax/confidence decisive (and
+    # saturates some confidences to exactly 1.0: ties the lowest-index rule must break). 1.0 leaves the init.
     with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(40.0)
+        model.model.embed_tokens.weight.mul_(embed_scale)
     return model
 
 

@@ -1,0 +1,71 @@
+"""Break the decoder on purpose, one mutation at a time, and check that the default test suite notices.
+
+Each mutation is a textual edit of one package file, applied in place, followed by a pytest run of the suite's
+exactness files (all of them part of the default run); the file is restored afterwards whatever happens. A
+mutation that leaves every test passing is reported as SURVIVED and the command exits 1.
+
+    .venv/bin/python scripts/check_mutations.py            # all mutations (~1 min each on 2 cores)
+    .venv/bin/python scripts/check_mutations.py --only 1 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
+         "tests/test_control_decoder.py"]
+
+MUTATIONS: list[tuple[str, str, str, str]] = [
+    ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
+     "if tree.pos[c - 1] == tp[node] and tree.tok[c - 1] == tt[node]", "if tree.pos[c - 1] == tp[node]"),
+    ("confidence is the max logit, not the max softmax", "lm_eval_spot/decoding/transition.py",
+     "return torch.softmax(logits.float(), dim=-1).amax(dim=-1)", "return logits.float().amax(dim=-1)"),
+    ("ties go to the highest index", "lm_eval_spot/decoding/transition.py",
+     "return conf.argmax(dim=-1)", "return conf.shape[-1] - 1 - conf.flip(-1).argmax(dim=-1)"),
+    ("noise redrawn every round", "lm_eval_spot/decoding/loop.py",
+     "            tr = time.perf_counter()\n",
+     "            gumbel = gumbel_rows(seed + rounds, block, L, info.vocab_size, dev) if cfg.temperature > 0 else None\n"
+     "            tr = time.perf_counter()\n"),
+    ("a replica sees another replica's state", "lm_eval_spot/adapters/prefix_attention.py",
+     "own = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2))",
+     "own = torch.matmul(qg, k.roll(1, 0).unsqueeze(2).transpose(-1, -2))"),
+    ("stale conditionals from the root instead of the deepest accepted node", "lm_eval_spot/decoding/loop.py",
+     "stale_src = logits[last]", "stale_src = logits[0]"),
+]
+
+
+def run(index: int) -> bool:
+    """True if the suite caught mutation `index` (some test failed)."""
+    name, rel, old, new = MUTATIONS[index]
+    path = ROOT / rel
+    original = path.read_text()
+    if original.count(old) != 1:
+        raise SystemExit(f"mutation {index + 1} ({name}): the text to replace occurs {original.count(old)} times")
+    try:
+        path.write_text(original.replace(old, new))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TESTS],
+                              cwd=ROOT, capture_output=True, text=True)
+    finally:
+        path.write_text(original)
+    failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED")]
+    caught = proc.returncode != 0
+    print(f"{index + 1}. {name}: {'caught by ' + failed[0].split()[1] if caught and failed else 'caught' if caught else 'SURVIVED'}",
+          flush=True)
+    return caught
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", type=int, nargs="*", help="1-based mutation numbers")
+    args = ap.parse_args()
+    picks = [i - 1 for i in args.only] if args.only else range(len(MUTATIONS))
+    survived = [i + 1 for i in picks if not run(i)]
+    sys.exit(1 if survived else 0)
+
+
+if __name__ == "__main__":
+    main()
