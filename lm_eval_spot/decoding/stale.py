@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.decoding.transition import row_chunks
 
 TOP_K = 32  # the paper's drafter reads the stale top-32 probabilities
 
@@ -34,14 +35,6 @@ class Stale:
         return self.topk[:, 0]
 
 
-def log1m_top1(logits: torch.Tensor) -> torch.Tensor:
-    """[..., V] logits -> [...] log(1 - max_v p_v), computed from the logits so it stays precise when p ~ 1."""
-    lf = logits.float()
-    top = lf.argmax(dim=-1, keepdim=True)
-    rest = lf.scatter(-1, top, float("-inf"))
-    return torch.logsumexp(rest, dim=-1) - torch.logsumexp(lf, dim=-1)
-
-
 def summarize(
     logits: torch.Tensor, link: HostLink, temperature: float = 0.0, gumbel: torch.Tensor | None = None,
     top_k: int = TOP_K,
@@ -50,24 +43,39 @@ def summarize(
 
     gumbel [L, V] (float64, the block's rows, on the logits' device) is needed at T > 0 for the coupled draw.
     """
-    lf = logits.float()
-    probs = torch.softmax(lf, dim=-1)
-    top = probs.topk(min(top_k, lf.shape[-1]), dim=-1)
-    log1m = log1m_top1(lf)
-    draw_tok = draw_p = None
-    if temperature > 0:
-        if gumbel is None:
-            raise ValueError("temperature > 0 needs the block's Gumbel rows")
-        scaled = lf.double() / temperature
-        draw_tok = (scaled + gumbel).argmax(dim=-1)
-        draw_p = torch.softmax(scaled, dim=-1).gather(-1, draw_tok[..., None]).squeeze(-1).float()
-    k2 = min(2, top.indices.shape[-1])
-    pulled = link.pull(top.values, top.indices[..., :k2], log1m, *((draw_tok, draw_p) if draw_tok is not None else ()))
+    N, L, V = logits.shape
+    if temperature > 0 and gumbel is None:
+        raise ValueError("temperature > 0 needs the block's Gumbel rows")
+    k = min(top_k, V)
+    parts: list[tuple[torch.Tensor, ...]] = []
+    step = min(L, row_chunks(logits))
+    for n in range(N):
+        for i in range(0, L, step):  # in slot chunks: see row_chunks (same values, a fraction of the time on CPU)
+            lf = logits[n, i : i + step].float()
+            probs = torch.softmax(lf, dim=-1)
+            top = probs.topk(k, dim=-1)
+            part: tuple[torch.Tensor, ...] = (top.values, top.indices)
+            if temperature > 0:
+                # The draw in float64, exactly as the target's transition draws (so they agree); its probability
+                # is only a mass for ranking drafts: float32 is plenty (and at T = 1 it is the softmax above).
+                tok = lf.double().div_(temperature).add_(gumbel[i : i + step]).argmax(dim=-1)
+                at_t = probs if temperature == 1.0 else torch.softmax(lf / temperature, dim=-1)
+                part += (tok, at_t.gather(-1, tok[:, None]).squeeze(-1))
+            # log(1 - p1) as the log of the other probabilities' sum: each keeps its relative precision, so this
+            # stays exact where 1 - p1 would round to 0 (all others underflowing gives -inf: "certain").
+            probs.scatter_(-1, top.indices[:, :1], 0.0)
+            part = part[:2] + (torch.log(probs.sum(dim=-1)),) + part[2:]
+            parts.append(part)
+    cols = [torch.cat(c).view(N, L, *c[0].shape[1:]) for c in zip(*parts, strict=True)]
+    top_values, top_indices, log1m = cols[:3]
+    draw_tok, draw_p = (cols[3], cols[4]) if temperature > 0 else (None, None)
+    k2 = min(2, k)
+    pulled = link.pull(top_values, top_indices[..., :k2], log1m, *((draw_tok, draw_p) if draw_tok is not None else ()))
     vals, ids, l1m = pulled[:3]
     if k2 < 2:  # a one-token vocabulary: no runner-up
         ids = torch.cat([ids, ids], dim=-1)
     out = []
-    for n in range(lf.shape[0]):
+    for n in range(N):
         dt = pulled[3][n] if draw_tok is not None else None
         dp = pulled[4][n] if draw_tok is not None else None
         out.append(Stale(vals[n], ids[n], l1m[n], dt, dp, logits[n]))
