@@ -15,6 +15,7 @@ run. Any tree is verified exactly, so the output does not depend on these choice
 
 from __future__ import annotations
 
+import copy
 import logging
 import statistics
 import time
@@ -193,6 +194,14 @@ class AutoBudgetProposer(TreeProposer):
         self._accepted = [0.0] * (cfg.budget + 2)
         self._factor = [1.0] * (cfg.budget + 2)
         self._last_tree: GrownTree | None = None
+
+    def for_request(self) -> AutoBudgetProposer:
+        """A fork for one request: its own feedback pairing (the tree the verifier's next verdict refers to) and
+        scalar estimates, sharing the run's cost curve and per-depth acceptance counts (lists, shared by
+        reference), so requests decoded together never read each other's verdicts."""
+        fork = copy.copy(self)
+        fork._last_tree = None
+        return fork
 
     def propose(self, ctx: RoundContext) -> DraftTree:
         self._learn_acceptance(ctx)

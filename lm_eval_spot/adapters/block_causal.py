@@ -40,6 +40,11 @@ class BlockCausalSession:
         return self._len + len(self._pending)
 
     @property
+    def has_pending(self) -> bool:
+        """Complete blocks wait to ride along with the next forward (a block's first round)."""
+        return bool(self._pending)
+
+    @property
     def prefix_kv(self) -> KV | None:
         """The cached prefix (complete blocks already forwarded); pending blocks are not in it yet."""
         return self._kv
@@ -48,7 +53,6 @@ class BlockCausalSession:
         R, L = states.shape
         if L != self._adapter.info.block_len:
             raise ValueError(f"states must have block length {self._adapter.info.block_len}, got {L}")
-        dev = self._adapter.device
         P = len(self._pending)
         pend_pos = torch.arange(self._len, self._len + P)
         pos = torch.cat([pend_pos, self.block_start + torch.arange(L)])
@@ -59,18 +63,9 @@ class BlockCausalSession:
         allowed_new = torch.ones(P + L, P + L, dtype=torch.bool)
         allowed_new[:P, :P] = block_causal_allowed(pend_pos, pend_pos, L)
         allowed_new[:P, P:] = False
-        mask = allowed_to_additive(allowed_new, self._adapter.dtype)[0].to(dev)
-        pp = PrefixPass(self._kv, mask, record=P)
-        with torch.no_grad():
-            out = self._adapter.model(
-                input_ids=ids.to(dev),
-                position_ids=pos.unsqueeze(0).expand(R, -1).to(dev),
-                # A per-layer-type mapping skips transformers' mask construction: masking is PrefixPass's job.
-                attention_mask={"full_attention": None, "sliding_attention": None},
-                use_cache=False,
-                logits_to_keep=L,
-                spot_prefix=pp,
-            )
+        mask = allowed_to_additive(allowed_new, self._adapter.dtype)[0].to(self._adapter.device)
+        pp = PrefixPass([(0, R, self._kv)], mask, record=P)
+        logits = self._adapter._run(ids, pos.unsqueeze(0).expand(R, -1), pp, L)
         if P:
             if len(pp.recorded) != len(self._adapter.layers):
                 raise RuntimeError("the model did not route attention through the shared-prefix function")
@@ -79,7 +74,7 @@ class BlockCausalSession:
                         zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
             self._len, self._pending = self._len + P, []
         self.nfe.rounds += 1
-        return out.logits.float()
+        return logits
 
     def commit_block(self, block: torch.Tensor) -> None:
         """Queue a finished block; its KV is written by the next forward (no forward of its own, no NFE)."""
@@ -101,6 +96,55 @@ class BlockCausalAdapter:
         self.device, self.dtype = param.device, param.dtype
         use_prefix_attention(self.model)
         self.layers = [m.layer_idx for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
+
+    def block_logits_many(self, items: list[tuple[BlockCausalSession, torch.Tensor]]) -> list[torch.Tensor]:
+        """`block_logits` for several requests' states. Requests whose forward carries pending blocks (a block's
+        first round) run alone, as one forward each; all others share ONE forward (their rows are stacked, each
+        row range reading its own request's prefix), which counts one NFE for each of them. Every request's logits
+        equal its own `block_logits` (on the CPU bit for bit; tests check it)."""
+        out: list[torch.Tensor | None] = [None] * len(items)
+        shared = []
+        for i, (session, states) in enumerate(items):
+            if session.has_pending:
+                out[i] = session.block_logits(states)
+            else:
+                shared.append(i)
+        if len(shared) == 1:
+            i = shared[0]
+            out[i] = items[i][0].block_logits(items[i][1])
+        elif shared:
+            L = self.info.block_len
+            segments, ids, pos, a = [], [], [], 0
+            for i in shared:
+                session, states = items[i]
+                if states.shape[1] != L:
+                    raise ValueError(f"states must have block length {L}, got {states.shape[1]}")
+                R = states.shape[0]
+                segments.append((a, a + R, session.prefix_kv))
+                ids.append(states.long())
+                pos.append((session.block_start + torch.arange(L)).expand(R, -1))
+                a += R
+            mask = torch.zeros(L, L, dtype=self.dtype, device=self.device)  # bidirectional inside the block
+            logits = self._run(torch.cat(ids), torch.cat(pos), PrefixPass(segments, mask), L)
+            for (first, end, _), i in zip(segments, shared, strict=True):
+                items[i][0].nfe.rounds += 1
+                out[i] = logits[first:end]
+        return [o for o in out if o is not None]
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, pp: PrefixPass, keep: int) -> torch.Tensor:
+        """One forward of ids [B, N] at positions [B, N] with prefix attention; logits [B, keep, V] float32."""
+        dev = self.device
+        with torch.no_grad():
+            out = self.model(
+                input_ids=ids.to(dev),
+                position_ids=positions.to(dev),
+                # A per-layer-type mapping skips transformers' mask construction: masking is PrefixPass's job.
+                attention_mask={"full_attention": None, "sliding_attention": None},
+                use_cache=False,
+                logits_to_keep=keep,
+                spot_prefix=pp,
+            )
+        return out.logits.float()
 
     def open(self, prompt_ids: list[int], gen_length: int | None = None) -> tuple[BlockCausalSession, list[int]]:
         """gen_length is not needed by a block-causal target (later blocks never influence earlier ones)."""

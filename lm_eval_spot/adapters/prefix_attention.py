@@ -29,10 +29,11 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_h
 
 @dataclass
 class PrefixPass:
-    """One forward's view of the prefix: the stored KV (per layer), the new tokens' additive mask [N, N], and
-    how many leading new tokens (pending blocks, batch row 0) to record for the cache."""
+    """One forward's view of the prefixes: which batch rows belong to which request's stored KV (per layer), the
+    new tokens' additive mask [N, N], and how many leading new tokens (pending blocks, batch row 0) to record for
+    the cache. Several requests share a forward as consecutive row ranges, each reading only its own prefix."""
 
-    prefix: KV | None
+    segments: list[tuple[int, int, KV | None]]  # (first row, end row, that request's prefix KV)
     new_mask: torch.Tensor  # [N, N] additive (0 = attend), in the model's dtype, on its device
     record: int = 0
     recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
@@ -40,11 +41,15 @@ class PrefixPass:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
         """q [R, H, N, d], k/v [R, kv, N, d] (after RoPE) -> attention output [R, N, H, d]."""
         if self.record:
+            if len(self.segments) != 1:
+                raise ValueError("pending blocks ride along with one request's forward at a time")
             self.recorded[layer] = (k[:1, :, : self.record], v[:1, :, : self.record])
-        pre = self.prefix[layer] if self.prefix else None
-        if self.record:
-            return self._wide(pre, q, k, v, scaling)
-        return self._shared(pre, q, k, v, scaling)
+            pre = self.segments[0][2]
+            return self._wide(pre[layer] if pre else None, q, k, v, scaling)
+        # Each request's rows exactly as if it were alone in the forward (its arithmetic does not see the others).
+        outs = [self._shared(pre[layer] if pre else None, q[a:b], k[a:b], v[a:b], scaling)
+                for a, b, pre in self.segments]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
     def _shared(self, pre, q, k, v, scaling):
         R, H, N, d = q.shape

@@ -99,137 +99,188 @@ def decode(
 
     verify="coupled" (state equality under shared noise): output ids equal control's for any proposer.
     verify="rejection" (chains, T > 0): accept-residual sampling; output is distributed as control's.
+    """
+    req = RequestDecode(adapter, prompt_ids, cfg, seed, stop_check, proposer, observer, verify)
+    while (states := req.next_states()) is not None:
+        req.advance(req.session.block_logits(states))
+    assert req.result is not None
+    return req.result
+
+
+class RequestDecode:
+    """One request's decoding as a step function: `next_states()` gives the replica states of its next round
+    (None once finished), `advance(logits)` takes the target's logits of those states and applies the round.
+    The caller runs the forward in between, alone (`decode`) or batched with other requests (`batch.decode_many`).
 
     The round's arithmetic over the vocabulary (confidence, positions, tokens, the drafter's stale summaries)
     runs on the target's device; the host receives per round the R transitions and, when something drafts or
     observes, one state's per-slot summary (`HostLink` counts the bytes).
     """
-    if verify not in ("coupled", "rejection"):
-        raise ValueError(f"verify must be 'coupled' or 'rejection', got {verify!r}")
-    rejection = verify == "rejection" and cfg.temperature > 0  # at T=0 both verifiers are the same greedy check
-    t0 = time.perf_counter()
-    info = adapter.info
-    dev = adapter.device
-    L, mask_id = info.block_len, info.mask_id
-    session, tail = adapter.open(prompt_ids, cfg.max_gen_toks)
-    link = HostLink()
-    timing = RoundTiming()
-    gen_start = len(prompt_ids)
-    gen_end = gen_start + cfg.max_gen_toks
-    slots = torch.arange(L)
-    done_ids: list[int] = []  # generated ids of finished blocks
-    committed = rounds = 0
-    drafted: list[int] = []
-    accepted: list[int] = []
-    block = 0
-    checked_len = 0
-    prev_path: tuple[int, ...] | None = None
-    on_verify = getattr(observer, "on_verify", None) if observer is not None else None
 
-    def finish(ids: list[int], reason: str) -> DecodeResult:
-        return DecodeResult(ids, reason, session.nfe, committed, rounds, drafted, accepted,
-                            time.perf_counter() - t0, link.bytes, timing)
+    def __init__(
+        self,
+        adapter: TargetAdapter,
+        prompt_ids: list[int],
+        cfg: DecodeConfig,
+        seed: int,
+        stop_check: StopCheck | None = None,
+        proposer: Proposer | None = None,
+        observer: RoundObserver | None = None,
+        verify: str = "coupled",
+    ) -> None:
+        if verify not in ("coupled", "rejection"):
+            raise ValueError(f"verify must be 'coupled' or 'rejection', got {verify!r}")
+        self.t0 = time.perf_counter()
+        self.adapter, self.cfg, self.seed = adapter, cfg, seed
+        self.stop_check, self.proposer, self.observer = stop_check, proposer, observer
+        self.rejection = verify == "rejection" and cfg.temperature > 0  # at T=0 both are the same greedy check
+        self.dev = adapter.device
+        self.session, self.tail = adapter.open(prompt_ids, cfg.max_gen_toks)
+        self.link = HostLink()
+        self.timing = RoundTiming()
+        self.gen_start = len(prompt_ids)
+        self.gen_end = self.gen_start + cfg.max_gen_toks
+        self.done_ids: list[int] = []  # generated ids of finished blocks
+        self.committed = self.rounds = 0
+        self.drafted: list[int] = []
+        self.accepted: list[int] = []
+        self.block = 0
+        self.checked_len = 0
+        self.prev_path: tuple[int, ...] | None = None
+        self.on_verify = getattr(observer, "on_verify", None) if observer is not None else None
+        self.result: DecodeResult | None = None
+        # The round in flight (set by next_states, read by advance).
+        self._tree = DraftTree.empty()
+        self._states: torch.Tensor | None = None
+        self._q: torch.Tensor | None = None
+        self._asked = False
+        self._t_round = self._t_forward = 0.0
+        self._start_block()
 
-    while True:
-        abs_pos = session.block_start + slots
-        window = (abs_pos >= gen_start) & (abs_pos < gen_end)
-        state = torch.full((L,), mask_id, dtype=torch.long)
-        if block == 0 and tail:
-            state[: len(tail)] = torch.tensor(tail, dtype=torch.long)
+    def _start_block(self) -> None:
+        L, mask_id = self.adapter.info.block_len, self.adapter.info.mask_id
+        abs_pos = self.session.block_start + torch.arange(L)
+        self.window = (abs_pos >= self.gen_start) & (abs_pos < self.gen_end)
+        self.state = torch.full((L,), mask_id, dtype=torch.long)
+        if self.block == 0 and self.tail:
+            self.state[: len(self.tail)] = torch.tensor(self.tail, dtype=torch.long)
         # Drawn once per block, on the device (a pure function of (seed, block, position, token): no transfer).
-        gumbel = gumbel_rows(seed, block, L, info.vocab_size, dev) if cfg.temperature > 0 else None
-        stale_src: torch.Tensor | None = None  # [L, V] device logits of the deepest accepted node, last round
-        stale: Stale | None = None
-        while True:
-            eligible = (state == mask_id) & window
-            if not bool(eligible.any()):
-                break
-            tr = time.perf_counter()
-            tree = DraftTree.empty()
-            q = None
-            # Rejection sampling drafts nothing in a block's first round (its proposal q needs stale conditionals).
-            asked = proposer is not None and (not rejection or stale_src is not None)
-            if proposer is not None and asked:
-                # Under rejection, positions come from the proposer at T=0 (they never depend on sampled tokens)
-                # and tokens are drawn from q.
-                temp, noise = (0.0, None) if rejection else (cfg.temperature, gumbel)
-                stale = summarize(stale_src[None], link, temp, noise)[0] if stale_src is not None else None
-                tree = proposer.propose(
-                    RoundContext(state, eligible, state != mask_id, stale, temp, noise, mask_id, block, prev_path)
-                )
-                if rejection:
-                    assert stale_src is not None
-                    q = proposal_probs(stale_src, list(tree.pos), cfg.temperature)
-                    rng = torch.Generator().manual_seed(mix_seed("draft", seed, block, rounds))
-                    tree = sample_chain_tokens(tree, q, rng)
-            states = compile_states(state, tree)
-            tf = time.perf_counter()
-            logits = session.block_logits(states)
-            # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
-            logits[..., mask_id] = float("-inf")
-            _sync(dev)
-            tv = time.perf_counter()
-            node_eligible = (states == mask_id) & window
-            if rejection:
-                rng = torch.Generator().manual_seed(mix_seed("verify", seed, block, rounds))
-                q_rows = q if q is not None else logits.new_zeros(0, logits.shape[-1])
-                path, fpos, ftok = rejection_verify(tree, q_rows, logits, node_eligible.to(dev), cfg.temperature,
-                                                    rng, link)
-                tpos = torch.full((1 + tree.size,), -1, dtype=torch.long)
-                ttok = tpos.clone()
-                for a, b in zip([0, *path], path, strict=False):
-                    tpos[a], ttok[a] = tree.pos[b - 1], tree.tok[b - 1]
-                tpos[([0, *path])[-1]], ttok[([0, *path])[-1]] = fpos, ftok
-            else:
-                tpos, ttok = link.pull(*transition(logits, node_eligible.to(dev), cfg.temperature, gumbel))
-                path = accepted_path(tree, tpos, ttok)
-            nodes = [0, *path]
-            prev_path = tuple(path) if asked else None  # feedback only on a tree the proposer made
-            if on_verify is not None:
-                on_verify(block, tree, path, tpos, ttok)
-            if observer is not None:
-                seen = [n for n in nodes if int(tpos[n]) >= 0]
-                if seen:
-                    views = summarize(logits[seen], link, cfg.temperature, gumbel)
-                    for n, view in zip(seen, views, strict=True):
-                        observer.on_commit(block, states[n], node_eligible[n], view, int(tpos[n]), int(ttok[n]))
-            last = nodes[-1]
-            left = int(eligible.sum())
-            state = states[last].clone()
-            if int(tpos[last]) >= 0:
-                state[int(tpos[last])] = int(ttok[last])
-                committed += 1
-            if int(((state == mask_id) & window).sum()) >= left:
-                raise RuntimeError(f"decoding made no progress in block {block} (round {rounds}): the round left "
-                                   f"{left} masked slots masked (a target transition that commits nothing)")
-            committed += len(path)
-            rounds += 1
-            drafted.append(tree.size)
-            accepted.append(len(path))
-            stale_src = logits[last]
-            te = time.perf_counter()
-            timing.add(draft=tf - tr, forward=tv - tf, rest=te - tv)
-            # Stops are read from the contiguous committed prefix: it is final, whatever the commit order.
-            gen_slots = state[window]
-            first_mask = int((gen_slots == mask_id).nonzero()[0]) if bool((gen_slots == mask_id).any()) else None
-            prefix = done_ids + gen_slots[:first_mask].tolist()
-            if len(prefix) > checked_len:
-                checked_len = len(prefix)
-                cut = _first_stop(prefix, info.stop_ids)
-                if cut is not None:
-                    return finish(prefix[:cut], "eos")
-                keep = stop_check(prefix) if stop_check is not None else None
-                if keep is not None:
-                    return finish(prefix[:keep], "until")
-                if len(prefix) >= cfg.max_gen_toks:
-                    return finish(prefix, "length")
-        done_ids.extend(state[window].tolist())
-        session.commit_block(state)
-        block += 1
+        V = self.adapter.info.vocab_size
+        self.gumbel = gumbel_rows(self.seed, self.block, L, V, self.dev) if self.cfg.temperature > 0 else None
+        self.stale_src: torch.Tensor | None = None  # [L, V] device logits of the deepest accepted node
+
+    def next_states(self) -> torch.Tensor | None:
+        """The replica states [1 + D, L] of the next round (root first), or None when the request is done."""
+        if self.result is not None:
+            return None
+        mask_id = self.adapter.info.mask_id
+        while not bool(((self.state == mask_id) & self.window).any()):
+            self.done_ids.extend(self.state[self.window].tolist())
+            self.session.commit_block(self.state)
+            self.block += 1
+            self._start_block()
+        self._t_round = time.perf_counter()
+        eligible = (self.state == mask_id) & self.window
+        tree = DraftTree.empty()
+        self._q = None
+        # Rejection sampling drafts nothing in a block's first round (its proposal q needs stale conditionals).
+        self._asked = self.proposer is not None and (not self.rejection or self.stale_src is not None)
+        if self.proposer is not None and self._asked:
+            # Under rejection, positions come from the proposer at T=0 (they never depend on sampled tokens)
+            # and tokens are drawn from q.
+            temp, noise = (0.0, None) if self.rejection else (self.cfg.temperature, self.gumbel)
+            src = self.stale_src
+            stale = summarize(src[None], self.link, temp, noise)[0] if src is not None else None
+            tree = self.proposer.propose(RoundContext(self.state, eligible, self.state != mask_id, stale, temp, noise,
+                                                      mask_id, self.block, self.prev_path))
+            if self.rejection:
+                assert src is not None
+                self._q = proposal_probs(src, list(tree.pos), self.cfg.temperature)
+                rng = torch.Generator().manual_seed(mix_seed("draft", self.seed, self.block, self.rounds))
+                tree = sample_chain_tokens(tree, self._q, rng)
+        self._tree = tree
+        self._states = compile_states(self.state, tree)
+        self._t_forward = time.perf_counter()
+        return self._states
+
+    def advance(self, logits: torch.Tensor) -> None:
+        """Apply the round: logits [1 + D, L, V] of `next_states()`'s states, on the target's device."""
+        assert self._states is not None, "advance() without next_states()"
+        info, cfg, dev = self.adapter.info, self.cfg, self.dev
+        mask_id, tree, states = info.mask_id, self._tree, self._states
+        # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
+        logits[..., mask_id] = float("-inf")
+        _sync(dev)
+        tv = time.perf_counter()
+        node_eligible = (states == mask_id) & self.window
+        if self.rejection:
+            rng = torch.Generator().manual_seed(mix_seed("verify", self.seed, self.block, self.rounds))
+            q_rows = self._q if self._q is not None else logits.new_zeros(0, logits.shape[-1])
+            path, fpos, ftok = rejection_verify(tree, q_rows, logits, node_eligible.to(dev), cfg.temperature, rng,
+                                                self.link)
+            tpos = torch.full((1 + tree.size,), -1, dtype=torch.long)
+            ttok = tpos.clone()
+            for a, b in zip([0, *path], path, strict=False):
+                tpos[a], ttok[a] = tree.pos[b - 1], tree.tok[b - 1]
+            tpos[([0, *path])[-1]], ttok[([0, *path])[-1]] = fpos, ftok
+        else:
+            tpos, ttok = self.link.pull(*transition(logits, node_eligible.to(dev), cfg.temperature, self.gumbel))
+            path = accepted_path(tree, tpos, ttok)
+        nodes = [0, *path]
+        self.prev_path = tuple(path) if self._asked else None  # feedback only on a tree the proposer made
+        if self.on_verify is not None:
+            self.on_verify(self.block, tree, path, tpos, ttok)
+        if self.observer is not None:
+            seen = [n for n in nodes if int(tpos[n]) >= 0]
+            if seen:
+                views = summarize(logits[seen], self.link, cfg.temperature, self.gumbel)
+                for n, view in zip(seen, views, strict=True):
+                    self.observer.on_commit(self.block, states[n], node_eligible[n], view, int(tpos[n]), int(ttok[n]))
+        last = nodes[-1]
+        left = int(((self.state == mask_id) & self.window).sum())
+        self.state = states[last].clone()
+        if int(tpos[last]) >= 0:
+            self.state[int(tpos[last])] = int(ttok[last])
+            self.committed += 1
+        if int(((self.state == mask_id) & self.window).sum()) >= left:
+            raise RuntimeError(f"decoding made no progress in block {self.block} (round {self.rounds}): the round "
+                               f"left {left} masked slots masked (a target transition that commits nothing)")
+        self.committed += len(path)
+        self.rounds += 1
+        self.drafted.append(tree.size)
+        self.accepted.append(len(path))
+        self.stale_src = logits[last]
+        self._states = None
+        self.timing.add(draft=self._t_forward - self._t_round, forward=tv - self._t_forward,
+                        rest=time.perf_counter() - tv)
+        self._check_stop()
+
+    def _check_stop(self) -> None:
+        """Stops are read from the contiguous committed prefix: it is final, whatever the commit order."""
+        mask_id = self.adapter.info.mask_id
+        gen_slots = self.state[self.window]
+        masked = gen_slots == mask_id
+        first_mask = int(masked.nonzero()[0]) if bool(masked.any()) else None
+        prefix = self.done_ids + gen_slots[:first_mask].tolist()
+        if len(prefix) <= self.checked_len:
+            return
+        self.checked_len = len(prefix)
+        cut = _first_stop(prefix, self.adapter.info.stop_ids)
+        if cut is not None:
+            self._finish(prefix[:cut], "eos")
+            return
+        keep = self.stop_check(prefix) if self.stop_check is not None else None
+        if keep is not None:
+            self._finish(prefix[:keep], "until")
+        elif len(prefix) >= self.cfg.max_gen_toks:
+            self._finish(prefix, "length")
+
+    def _finish(self, ids: list[int], reason: str) -> None:
+        self.result = DecodeResult(ids, reason, self.session.nfe, self.committed, self.rounds, self.drafted,
+                                   self.accepted, time.perf_counter() - self.t0, self.link.bytes, self.timing)
 
 
 def _sync(device: torch.device) -> None:
     """Wait for queued kernels, so the forward's time is not billed to the verification after it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-

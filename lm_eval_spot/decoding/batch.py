@@ -1,0 +1,73 @@
+"""Several requests through the target together: a step loop over a set of live requests.
+
+Each live request is a `RequestDecode` with its own state, noise, proposer (stateful proposers are forked per
+request: `for_request`) and stop condition. Every step asks each for its next round's replica states, runs them
+through the target in as few forwards as the adapter can (`block_logits_many`: one shared forward for every
+request between block starts), and applies each request's round. Finished requests leave and queued ones join,
+so the batch stays full. A request's output never depends on its batch-mates: its rows' arithmetic is its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, RequestDecode, RoundObserver, StopCheck
+from lm_eval_spot.decoding.proposer import Proposer
+
+
+@dataclass(frozen=True)
+class DecodeJob:
+    prompt_ids: list[int]
+    cfg: DecodeConfig
+    seed: int
+    stop_check: StopCheck | None = None
+    proposer: Proposer | None = None
+    observer: RoundObserver | None = None
+    verify: str = "coupled"
+
+
+def for_request(proposer: Proposer | None) -> Proposer | None:
+    """The proposer one request uses: a per-request fork of a stateful proposer, else the proposer itself."""
+    fork = getattr(proposer, "for_request", None)
+    return fork() if fork is not None else proposer
+
+
+def decode_many(
+    adapter: TargetAdapter,
+    jobs: Sequence[DecodeJob],
+    batch_size: int,
+    on_done: Callable[[int, DecodeResult], None] | None = None,
+) -> list[DecodeResult]:
+    """Decode `jobs` with up to `batch_size` of them live at once; results in job order, each equal to what
+    `decode` gives for that job alone. `on_done(index, result)` is called as each finishes (progress, caching)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    results: list[DecodeResult | None] = [None] * len(jobs)
+    queue = deque(range(len(jobs)))
+    live: list[tuple[int, RequestDecode]] = []
+    many = getattr(adapter, "block_logits_many", None)
+    while queue or live:
+        while queue and len(live) < batch_size:
+            i = queue.popleft()
+            j = jobs[i]
+            live.append((i, RequestDecode(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
+                                          j.verify)))
+        step = [(req, req.next_states()) for _, req in live]
+        pairs = [(req.session, states) for req, states in step if states is not None]
+        logits = many(pairs) if many is not None else [s.block_logits(st) for s, st in pairs]
+        for (req, _), lg in zip([x for x in step if x[1] is not None], logits, strict=True):
+            req.advance(lg)
+        still = []
+        for i, req in live:
+            if req.result is None:
+                still.append((i, req))
+                continue
+            results[i] = req.result
+            if on_done is not None:
+                on_done(i, req.result)
+        live = still
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]

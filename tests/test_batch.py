@@ -1,0 +1,81 @@
+"""Several requests in one forward: outputs identical to one request at a time, for control and SPOT, T=0 and T=1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
+from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
+from lm_eval_spot.decoding.loop import DecodeConfig, decode
+from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
+from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+
+from tiny import build_model
+
+V, MASK, EOS = 40, 2, 1
+
+
+def adapter_for(L: int, seed: int, scale: float) -> BlockCausalAdapter:
+    return BlockCausalAdapter(build_model(V, seed=seed, block_length=L, embed_scale=scale),
+                              TargetInfo(MASK, frozenset({EOS}), EOS, L, "zero", True, V))
+
+
+def jobs_for(L: int, T: float, proposer, n: int = 7) -> list[DecodeJob]:
+    gen = torch.Generator().manual_seed(L)
+    jobs = []
+    for i in range(n):
+        # Ragged prefixes: prompts from empty to three blocks, different generation lengths and seeds.
+        plen = int(torch.randint(0, 3 * L + 1, (1,), generator=gen))
+        prompt = torch.randint(5, V, (plen,), generator=gen).tolist()
+        jobs.append(DecodeJob(prompt, DecodeConfig(max_gen_toks=L + 3 + 5 * i, temperature=T), seed=100 + i,
+                              proposer=for_request(proposer)))
+    return jobs
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+@pytest.mark.parametrize("T", [0.0, 1.0])
+@pytest.mark.parametrize("mode", ["control", "spot"])
+def test_batched_outputs_equal_one_at_a_time(mode, T, scale):
+    L = 8
+    adapter = adapter_for(L, seed=3, scale=scale)
+    torch.manual_seed(0)
+    prop = SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=5)) if mode == "spot" \
+        else None
+    jobs = jobs_for(L, T, prop)
+    alone = [decode(adapter, j.prompt_ids, j.cfg, j.seed, proposer=j.proposer) for j in jobs]
+    done: list[int] = []
+    for bs in (3, 8):
+        batched = decode_many(adapter, jobs, batch_size=bs, on_done=lambda i, r: done.append(i))
+        for a, b in zip(alone, batched, strict=True):
+            assert b.token_ids == a.token_ids and b.stop_reason == a.stop_reason
+            assert b.nfe.total == a.nfe.total and b.accepted == a.accepted
+    assert sorted(done) == sorted(list(range(len(jobs))) * 2)
+
+
+def test_shared_forward_rows_equal_each_request_alone():
+    """block_logits_many: each request's rows, stacked with other requests' rows (other prefixes and lengths),
+    are bit for bit its own block_logits (CPU, float32); every request is charged one NFE."""
+    L = 8
+    adapter = adapter_for(L, seed=5, scale=1.0)
+    gen = torch.Generator().manual_seed(2)
+    sessions, states = [], []
+    for plen, R in ((2 * L, 3), (3, 1), (L, 4)):
+        s, tail = adapter.open(torch.randint(5, V, (plen,), generator=gen).tolist())
+        st = torch.full((L,), MASK)
+        st[: len(tail)] = torch.tensor(tail, dtype=torch.long)
+        s.block_logits(st[None])  # stores the prompt blocks: no pending left
+        rows = st.repeat(R, 1)
+        rows[1:, -1] = 7
+        sessions.append(s)
+        states.append(rows)
+    together = adapter.block_logits_many(list(zip(sessions, states, strict=True)))
+    for s, st, got in zip(sessions, states, together, strict=True):
+        assert s.nfe.rounds == 2
+        assert torch.equal(got, s.block_logits(st))
+
+
+def test_batch_size_must_be_positive():
+    with pytest.raises(ValueError, match="batch_size"):
+        decode_many(adapter_for(8, 0, 1.0), [], batch_size=0)
