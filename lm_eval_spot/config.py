@@ -65,7 +65,8 @@ class SpotArgs:
     gen_length: int | None = None  # upper bound on generated tokens; the task's max_gen_toks applies below it
     device: str = "cpu"
     dtype: str = "float32"
-    batch_size: int = 1
+    batch_size: int | str = 1  # requests decoded together; "auto": sized from free memory at the first call
+    max_batch_size: int | None = None  # cap for batch_size=auto
     trust_remote_code: bool = False
     seed: int | None = None  # base seed of the noise rows; default: the seed lm-eval gave torch
     drafter: str | None = None  # drafter folder; default: the shipped one (drafting modes only)
@@ -77,7 +78,7 @@ class SpotArgs:
 
 
 def accepted_args() -> list[str]:
-    return [f.name for f in fields(SpotArgs)] + ["max_batch_size"]
+    return [f.name for f in fields(SpotArgs)]
 
 
 def parse_args(raw: dict[str, Any]) -> SpotArgs:
@@ -109,11 +110,10 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         raise SpotArgError(f"spot-dlm: dtype={dtype!r} is not known; accepted: {', '.join(DTYPES)}")
     args["dtype"] = dtype
     bs = raw.get("batch_size", 1)
-    if isinstance(bs, str) and bs.startswith("auto"):
-        bs = 1  # decoding is per request (see README); "auto" needs no probing
-    args["batch_size"] = _as_int("batch_size", bs, 1)
+    # lm-eval's "auto:N" (re-probe N times) has no meaning here: the size is chosen once from free memory.
+    args["batch_size"] = "auto" if isinstance(bs, str) and bs.startswith("auto") else _as_int("batch_size", bs, 1)
     if raw.get("max_batch_size") is not None:
-        _as_int("max_batch_size", raw["max_batch_size"], 1)
+        args["max_batch_size"] = _as_int("max_batch_size", raw["max_batch_size"], 1)
     if raw.get("trust_remote_code") is not None:
         args["trust_remote_code"] = _as_bool("trust_remote_code", raw["trust_remote_code"])
     if raw.get("seed") is not None:

@@ -14,7 +14,9 @@ from tqdm import tqdm
 
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot.config import SpotArgs, parse_args
-from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, decode
+from lm_eval_spot.batch_size import auto_batch_size
+from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
+from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.loading import load_target
@@ -50,13 +52,13 @@ class SpotDLM(LM):
         self.oracle = self.args.mode == "oracle"
         self.proposer = build_proposer(self.args, self.adapter)
         drafting = self.args.mode != "control"
-        self.stats = RunStats(mode=self.args.mode, budget=self.args.budget if drafting else None)
+        self.stats = RunStats(mode=self.args.mode, budget=self.args.budget if drafting else None,
+                              exact_prefix_cache=self.adapter.info.exact_prefix_cache,
+                              batch_size=self.args.batch_size)
         # The oracle needs the control run of each request anyway: it is always paired.
         paired = drafting and (self.args.control == "paired" or self.oracle)
         self.paired = PairedStats() if paired else None
-        if self.args.batch_size > 1:
-            log.info("batch_size=%d: requests are decoded one at a time (NFE and exactness are per request)",
-                     self.args.batch_size)
+        self._auto_bs: int | None = None
 
     # ---- lm-eval verbs ----------------------------------------------------------------------------------
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -74,38 +76,50 @@ class SpotDLM(LM):
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         # Every request is validated before the first one is decoded: nothing half-done on bad input.
         jobs = self._plan(requests)
-        out: list[str] = []
-        bar = tqdm(jobs, desc=f"spot-dlm [{self.args.mode}]", disable=disable_tqdm or self.rank != 0)
-        for i, job in enumerate(bar):
-            text, result = self._generate_job(job, control_first=i % 2 == 1)
-            out.append(text)
-            self._record(result, job.cfg.temperature)
-            self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
+        out: list[str] = [""] * len(jobs)
+        bs = self._batch_size()
+        bar = tqdm(total=len(jobs), desc=f"spot-dlm [{self.args.mode}]", disable=disable_tqdm or self.rank != 0)
+        for c, start in enumerate(range(0, len(jobs), bs)):
+            chunk = jobs[start : start + bs]
+            # With paired control, which of the two runs first alternates per chunk: machine drift cancels.
+            for k, (job, (text, result)) in enumerate(zip(chunk, self._generate_chunk(chunk, c % 2 == 1), strict=True)):
+                out[start + k] = text
+                self._record(result, job.cfg.temperature)
+                self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
+                bar.update(1)
             bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
+        bar.close()
         if jobs:
             log.info("spot-dlm run summary\n%s", format_summary(self.get_model_info()["spot"]))
         return out
 
-    def _generate_job(self, job: _Job, control_first: bool) -> tuple[str, DecodeResult]:
-        """Decode one request; with paired control, also decode it draft-free (alternating which runs first,
-        so machine drift cancels in the paired ratios)."""
+    def _batch_size(self) -> int:
+        if self.args.batch_size != "auto":
+            return int(self.args.batch_size)
+        if self._auto_bs is None:
+            budget = self.args.budget if isinstance(self.args.budget, int) else 20
+            rows = 1 if self.args.mode == "control" else 1 + budget
+            self._auto_bs = auto_batch_size(self.adapter, rows, self.args.max_batch_size)
+        return self._auto_bs
+
+    def _generate_chunk(self, chunk: list[_Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
+        """Decode a chunk of requests together; with paired control, also decode them draft-free (the oracle
+        drafts from that control run's commits)."""
         if self.paired is None:
-            return self._generate_one(job.context, job.cfg, job.seed, job.until, self.proposer)
+            return self._decode_jobs(chunk, [self.proposer] * len(chunk))
         if self.oracle:
-            commits = CommitLog()
-            control = self._generate_one(job.context, job.cfg, job.seed, job.until, None, commits)
+            logs = [CommitLog() for _ in chunk]
+            control = self._decode_jobs(chunk, [None] * len(chunk), logs)
             assert isinstance(self.args.budget, int)
-            drafted = self._generate_one(
-                job.context, job.cfg, job.seed, job.until, OracleProposer(commits, self.args.budget)
-            )
-            self.paired.add(drafted[1], control[1])
+            drafted = self._decode_jobs(chunk, [OracleProposer(log_, self.args.budget) for log_ in logs])
+            for d, c in zip(drafted, control, strict=True):
+                self.paired.add(d[1], c[1])
             return drafted
         runs = {}
         for use_proposer in (False, True) if control_first else (True, False):
-            runs[use_proposer] = self._generate_one(
-                job.context, job.cfg, job.seed, job.until, self.proposer if use_proposer else None
-            )
-        self.paired.add(runs[True][1], runs[False][1])
+            runs[use_proposer] = self._decode_jobs(chunk, [self.proposer if use_proposer else None] * len(chunk))
+        for d, c in zip(runs[True], runs[False], strict=True):
+            self.paired.add(d[1], c[1])
         return runs[True]
 
     def _plan(self, requests: list[Any]) -> list[_Job]:
@@ -134,31 +148,24 @@ class SpotDLM(LM):
     def decode_ids(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _generate_one(
-        self,
-        context: str,
-        cfg: DecodeConfig,
-        seed: int,
-        until: list[str],
-        proposer: Proposer | None,
-        observer: CommitLog | None = None,
-    ) -> tuple[str, DecodeResult]:
-        result = decode(
-            self.adapter,
-            self.encode(context),
-            cfg,
-            seed,
-            stop_check=make_stop_check(self.decode_ids, until),
-            proposer=proposer,
-            observer=observer,
-            verify=self.args.verify if proposer is not None else "coupled",
-        )
-        return cut_text(self.decode_ids(result.token_ids), until), result
+    def _decode_jobs(
+        self, chunk: list[_Job], proposers: list[Proposer | None], observers: list[CommitLog] | None = None
+    ) -> list[tuple[str, DecodeResult]]:
+        """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`."""
+        jobs = [
+            DecodeJob(self.encode(job.context), job.cfg, job.seed, make_stop_check(self.decode_ids, job.until),
+                      for_request(prop), observers[i] if observers else None,
+                      self.args.verify if prop is not None else "coupled")
+            for i, (job, prop) in enumerate(zip(chunk, proposers, strict=True))
+        ]
+        results = decode_many(self.adapter, jobs, batch_size=len(jobs))
+        return [(cut_text(self.decode_ids(r.token_ids), job.until), r) for job, r in zip(chunk, results, strict=True)]
 
     def _record(self, r: DecodeResult, temperature: float) -> None:
         acc = sum(r.accepted) / len(r.accepted) if r.accepted else 0.0
         self.stats.add(
-            SampleStats(r.nfe.total, len(r.token_ids), r.committed, r.rounds, acc, r.wall_s, r.stop_reason),
+            SampleStats(r.nfe.total, len(r.token_ids), r.committed, r.rounds, acc, r.wall_s, r.stop_reason,
+                        r.host_bytes, r.timing.forward, r.timing.draft, r.timing.rest),
             temperature,
         )
 

@@ -21,6 +21,10 @@ class SampleStats:
     accepted_per_round: float  # mean drafted edges accepted per round (0 for control)
     wall_s: float
     stop_reason: str
+    host_bytes: int = 0  # read back from the target's device
+    forward_s: float = 0.0  # round time in target forwards / drafting / the rest (transitions, verification)
+    draft_s: float = 0.0
+    rest_s: float = 0.0
 
 
 @dataclass
@@ -28,6 +32,8 @@ class RunStats:
     mode: str
     budget: int | None = None
     temperature: float | None = None
+    exact_prefix_cache: bool = True  # the target's cache equals a full recomputation (else "approximate")
+    batch_size: int | str = 1
     samples: list[SampleStats] = field(default_factory=list)
     _nfe_sum: int = 0
 
@@ -52,9 +58,14 @@ class RunStats:
         com = sum(s.committed for s in self.samples)
         wall = sum(s.wall_s for s in self.samples)
         rounds = sum(s.rounds for s in self.samples)
+        fwd, dft, rest = (sum(getattr(s, k) for s in self.samples) for k in ("forward_s", "draft_s", "rest_s"))
+        spent = fwd + dft + rest
         return {
             "mode": self.mode,
             "budget": self.budget,
+            "batch_size": self.batch_size,
+            "prefix_cache": "exact" if self.exact_prefix_cache else "approximate",
+            "exact_prefix_cache": self.exact_prefix_cache,
             "samples": n,
             "temperature": self.temperature,
             "nfe_total": nfe,
@@ -71,6 +82,10 @@ class RunStats:
             "wall_s": wall,
             "gen_tokens_per_s": gen / wall if wall > 0 else 0.0,
             "stop_reasons": {r: sum(s.stop_reason == r for s in self.samples) for r in ("eos", "until", "length")},
+            "host_bytes_per_round": sum(s.host_bytes for s in self.samples) / rounds if rounds else 0.0,
+            # Shares of the rounds' time (per request; batched requests share their forwards' time).
+            "round_time_shares": {"forward": fwd / spent, "drafting": dft / spent, "rest": rest / spent}
+            if spent > 0 else {},
         }
 
 
@@ -87,7 +102,13 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("accepted / round", f"{summary['mean_accepted_per_round']:.3f}"),
         ("generated tokens / s", f"{summary['gen_tokens_per_s']:.1f}"),
         ("wall s", f"{summary['wall_s']:.1f}"),
+        ("prefix cache", summary.get("prefix_cache", "exact")),
+        ("bytes to host / round", f"{summary.get('host_bytes_per_round', 0.0):,.0f}"),
     ]
+    shares = summary.get("round_time_shares") or {}
+    if shares:
+        rows.append(("round time: forward / drafting / rest",
+                     " / ".join(f"{100 * shares[k]:.0f}%" for k in ("forward", "drafting", "rest"))))
     for key, label in (
         ("control_nfe_per_sample", "control NFE / sample"),
         ("nfe_reduction", "NFE reduction vs control"),
@@ -96,6 +117,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     ):
         if key in summary:
             rows.append((label, f"{summary[key]:.3f}" if isinstance(summary[key], float) else summary[key]))
+    if summary.get("prefix_cache") == "approximate":
+        rows.append(("NOTE", "approximate prefix cache: not lossless against full recomputation"))
     width = max(len(k) for k, _ in rows)
     lines = ["| spot-dlm | value |", f"|{'-' * (width + 2)}|-------|"]
     lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]

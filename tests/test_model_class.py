@@ -110,4 +110,4 @@ def test_bad_max_gen_toks_rejected_before_any_decoding(lm):
 def test_batch_size_forms(tiny_target_dir):
     assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": "8"}).batch_size == 8
     assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": 2}).batch_size == 2
-    assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": "auto"}).batch_size == 1
+    assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": "auto"}).batch_size == "auto"

@@ -1,0 +1,54 @@
+"""batch_size=auto: how many requests to decode together, from the memory free on the target's device."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from lm_eval_spot.adapters.base import TargetAdapter
+
+log = logging.getLogger("lm_eval.spot")
+
+MAX_AUTO = 64  # beyond this, per-request host work dominates any forward saving (and lm-eval's lists are short)
+
+
+def free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30  # unknown: assume a modest 4 GiB
+
+
+def bytes_per_request(adapter: TargetAdapter, rows: int) -> int:
+    """A request's peak working set in one round: its rows' logits and round arithmetic (float32, about three
+    [rows, L, V] tensors at once), one layer's activations for its rows, and a prefix KV of the model's context."""
+    info = adapter.info
+    cfg = getattr(getattr(adapter, "model", None), "config", None)
+    hidden = int(getattr(cfg, "hidden_size", 1024))
+    inter = int(getattr(cfg, "intermediate_size", 4 * hidden))
+    layers = int(getattr(cfg, "num_hidden_layers", 1))
+    kv_dim = int(getattr(cfg, "num_key_value_heads", 1)) * int(getattr(cfg, "head_dim", hidden // 8) or hidden // 8)
+    ctx = min(int(getattr(cfg, "max_position_embeddings", 4096)), 4096)
+    elt = torch.finfo(getattr(adapter, "dtype", torch.float32)).bits // 8
+    L, V = info.block_len, info.vocab_size
+    logits = 3 * rows * L * V * 4
+    acts = rows * L * (3 * inter + 6 * hidden) * elt
+    kv = 2 * layers * ctx * kv_dim * elt
+    return logits + acts + kv
+
+
+def auto_batch_size(adapter: TargetAdapter, rows: int, cap: int | None = None) -> int:
+    """The largest batch whose estimated working set fits in half the free memory, between 1 and the cap."""
+    free = free_bytes(adapter.device)
+    per = bytes_per_request(adapter, rows)
+    n = max(1, min(cap or MAX_AUTO, int(0.5 * free // per)))
+    log.info("batch_size=auto: %d (%.1f GiB free on %s, ~%.0f MiB per request of %d rows)", n, free / 2**30,
+             adapter.device, per / 2**20, rows)
+    return n
