@@ -75,6 +75,9 @@ class SpotArgs:
     control: str = "none"  # "paired": also run control on every request and report exactness and ratios
     graph: str | None = None  # calibrated draft graph (mode=graph); default: the shipped one
     verify: str = "coupled"  # "rejection": accept-residual sampling, chains only (exact in distribution)
+    # Pad every forward to one fixed row count (1 + the largest budget), control's included, so verification
+    # compares logits computed at one batch shape (accelerators' kernels are not batch-invariant in low bits).
+    batch_invariant: bool = False
 
 
 def accepted_args() -> list[str]:
@@ -116,6 +119,8 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         args["max_batch_size"] = _as_int("max_batch_size", raw["max_batch_size"], 1)
     if raw.get("trust_remote_code") is not None:
         args["trust_remote_code"] = _as_bool("trust_remote_code", raw["trust_remote_code"])
+    if raw.get("batch_invariant") is not None:
+        args["batch_invariant"] = _as_bool("batch_invariant", raw["batch_invariant"])
     if raw.get("seed") is not None:
         args["seed"] = _as_int("seed", raw["seed"], 0)
     if raw.get("drafter") is not None:

@@ -12,6 +12,7 @@ import torch
 from lm_eval.api.model import LM
 from tqdm import tqdm
 
+from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot.config import SpotArgs, parse_args
 from lm_eval_spot.batch_size import auto_batch_size
@@ -59,6 +60,9 @@ class SpotDLM(LM):
         paired = drafting and (self.args.control == "paired" or self.oracle)
         self.paired = PairedStats() if paired else None
         self._auto_bs: int | None = None
+        if self.args.batch_invariant and self.args.batch_size not in (1, "auto"):
+            log.info("batch_invariant=true: requests are decoded one at a time (batch_size=%s ignored)",
+                     self.args.batch_size)
 
     # ---- lm-eval verbs ----------------------------------------------------------------------------------
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -93,7 +97,15 @@ class SpotDLM(LM):
             log.info("spot-dlm run summary\n%s", format_summary(self.get_model_info()["spot"]))
         return out
 
+    def _pad_rows(self) -> int:
+        """batch_invariant: every forward carries 1 + the largest budget rows (budget=auto's largest is 20)."""
+        if not self.args.batch_invariant:
+            return 0
+        return 1 + (self.args.budget if isinstance(self.args.budget, int) else MAX_BUDGET)
+
     def _batch_size(self) -> int:
+        if self.args.batch_invariant:
+            return 1  # other requests' rows would change the forward's shape again
         if self.args.batch_size != "auto":
             return int(self.args.batch_size)
         if self._auto_bs is None:
@@ -135,7 +147,7 @@ class SpotDLM(LM):
             if self.args.gen_length is not None:
                 max_toks = min(max_toks, self.args.gen_length)
             temperature = float(kw.get("temperature", 0.0)) if kw.get("do_sample") else 0.0
-            cfg = DecodeConfig(max_gen_toks=max_toks, temperature=temperature)
+            cfg = DecodeConfig(max_gen_toks=max_toks, temperature=temperature, pad_rows=self._pad_rows())
             # Repeats of one request get distinct but reproducible seeds.
             seen[context] += 1
             jobs.append(_Job(context, raw_kwargs, cfg, until, mix_seed(self.base_seed, context, seen[context])))

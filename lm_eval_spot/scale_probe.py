@@ -81,6 +81,38 @@ def forward_curve(adapter: BlockCausalAdapter, prompt: list[int], max_r: int, re
     return out
 
 
+def batch_invariance(adapter: BlockCausalAdapter, prompt: list[int], max_r: int, trials: int) -> dict[int, dict]:
+    """For R = 1..max_r: a state's logits as row r of R replicas (the others random states) against the same state
+    alone: the largest absolute difference, and how often the target's transition (position, token) differs."""
+    from lm_eval_spot.decoding.transition import transition
+
+    info = adapter.info
+    L, mask = info.block_len, info.mask_id
+    session, _ = adapter.open(prompt)
+    gen = torch.Generator().manual_seed(5)
+    warm = torch.full((1, L), mask, dtype=torch.long)
+    session.block_logits(warm)  # stores the prefix
+    out: dict[int, dict] = {}
+    for R in range(1, max_r + 1):
+        worst, flips, rows = 0.0, 0, 0
+        for _ in range(trials):
+            states = torch.full((R, L), mask, dtype=torch.long)
+            keep = torch.rand(R, L, generator=gen) < 0.5
+            states[keep] = torch.randint(0, info.vocab_size - 1, (int(keep.sum()),), generator=gen)
+            together = session.block_logits(states)
+            for r in range(R):
+                alone = session.block_logits(states[r : r + 1])[0]
+                worst = max(worst, float((together[r] - alone).abs().max()))
+                elig = (states[r] == mask)[None].to(adapter.device)
+                if bool(elig.any()):
+                    a = transition(alone[None].clone(), elig, 0.0, None)
+                    b = transition(together[r : r + 1].clone(), elig, 0.0, None)
+                    flips += int(not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])))
+                    rows += 1
+        out[R] = {"max_abs_logit_diff": worst, "transition_flips": flips, "rows": rows}
+    return out
+
+
 def probe(args: argparse.Namespace) -> dict[str, Any]:
     dtype = getattr(torch, args.dtype)
     adapter = build_target(args.shape, args.layers, args.device, dtype, args.block_len)
@@ -90,7 +122,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     drafter = FactoredOrderModel(FactoredConfig(max_block_len=max(64, args.block_len))).to(args.device).eval()
     runs = []
     decode(adapter, prompt, DecodeConfig(max_gen_toks=4), seed=0)  # warm-up (allocator, kernels)
-    for T in args.temps:
+    for T in [] if args.skip_decode else args.temps:
         for mode in ("control", "spot"):
             prop = SpotProposer(drafter, TreeConfig(budget=args.budget)) if mode == "spot" else None
             res = decode(adapter, prompt, DecodeConfig(max_gen_toks=args.gen, temperature=T), seed=3, proposer=prop)
@@ -115,6 +147,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.curve:
         out["forward_curve_s"] = forward_curve(adapter, prompt, 21, args.repeats)
+    if args.invariance:
+        out["batch_invariance"] = batch_invariance(adapter, prompt, args.invariance, args.trials)
     return out
 
 
@@ -125,6 +159,12 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {r['mode']} | {r['temperature']:g} | {r['replicas_per_round']:.1f} | {r['rounds']} | "
                      f"{r['host_bytes_per_round']:,.0f} | {r['wall_s']:.2f} | {r['forward_s']:.2f} | "
                      f"{r['draft_s']:.2f} | {r['rest_s']:.2f} | {100 * r['outside_share']:.1f}% |")
+    if "batch_invariance" in res:
+        inv = res["batch_invariance"]
+        lines += ["", "| R | " + " | ".join(str(k) for k in inv) + " |", "|---|" + "---|" * len(inv),
+                  "| max abs logit diff | " + " | ".join(f"{v['max_abs_logit_diff']:.2g}" for v in inv.values()) + " |",
+                  "| transition flips / rows | " + " | ".join(f"{v['transition_flips']}/{v['rows']}"
+                                                            for v in inv.values()) + " |"]
     if "forward_curve_s" in res:
         lines += ["", "| R | " + " | ".join(str(k) for k in res["forward_curve_s"]) + " |",
                   "|---|" + "---|" * len(res["forward_curve_s"]),
@@ -148,6 +188,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--curve", action="store_true", help="also time t(R) for R = 1..21")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--invariance", type=int, default=0, metavar="MAX_R",
+                    help="also measure batch-shape invariance for R = 1..MAX_R replicas")
+    ap.add_argument("--trials", type=int, default=2, help="random replica sets per R (--invariance)")
+    ap.add_argument("--skip-decode", action="store_true", help="only the curve / invariance measurements")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     args.command = "python -m lm_eval_spot.scale_probe " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -79,3 +79,38 @@ def test_shared_forward_rows_equal_each_request_alone():
 def test_batch_size_must_be_positive():
     with pytest.raises(ValueError, match="batch_size"):
         decode_many(adapter_for(8, 0, 1.0), [], batch_size=0)
+
+
+def test_pad_rows_makes_every_forward_one_shape_and_changes_nothing():
+    """batch_invariant's padding: every forward, control's included, has exactly pad_rows rows, and the output
+    equals the unpadded decode's (on the CPU rows are batch-invariant, so padding must change nothing)."""
+    L = 8
+    adapter = adapter_for(L, seed=4, scale=1.0)
+    shapes: list[int] = []
+    orig_open = adapter.open
+
+    def spy_open(prompt, gen_length=None):
+        session, tail = orig_open(prompt, gen_length)
+        inner = session.block_logits
+
+        def block_logits(states):
+            shapes.append(states.shape[0])
+            return inner(states)
+
+        session.block_logits = block_logits
+        return session, tail
+
+    adapter.open = spy_open
+    torch.manual_seed(1)
+    prop = SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=5))
+    for T in (0.0, 1.0):
+        for p in (None, prop):
+            plain = decode(adapter, [7, 8, 9], DecodeConfig(max_gen_toks=2 * L, temperature=T), 3, proposer=p)
+            shapes.clear()
+            padded = decode(adapter, [7, 8, 9], DecodeConfig(max_gen_toks=2 * L, temperature=T, pad_rows=6), 3,
+                            proposer=p)
+            assert set(shapes) == {6}
+            assert padded.token_ids == plain.token_ids and padded.nfe.total == plain.nfe.total
+    with pytest.raises(ValueError, match="pad_rows"):
+        decode(adapter, [7], DecodeConfig(max_gen_toks=L, pad_rows=3), 3,
+               proposer=SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=5)))

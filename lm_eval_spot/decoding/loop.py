@@ -31,10 +31,15 @@ StopCheck = Callable[[list[int]], "int | None"]
 class DecodeConfig:
     max_gen_toks: int
     temperature: float = 0.0
+    # Batch invariance: pad every forward (control's included) to this many replica rows with copies of the
+    # root, so a state's logits never depend on how many other states shared its forward (0: no padding).
+    pad_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.max_gen_toks <= 0:
             raise ValueError(f"max_gen_toks must be a positive integer, got {self.max_gen_toks}")
+        if self.pad_rows < 0:
+            raise ValueError(f"pad_rows must be >= 0, got {self.pad_rows}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
@@ -201,13 +206,17 @@ class RequestDecode:
         self._tree = tree
         self._states = compile_states(self.state, tree)
         self._t_forward = time.perf_counter()
-        return self._states
+        pad = self.cfg.pad_rows - self._states.shape[0]
+        if self.cfg.pad_rows and pad < 0:
+            raise ValueError(f"a round drafted {tree.size} states: more than pad_rows={self.cfg.pad_rows} allows")
+        return torch.cat([self._states, self._states[:1].expand(pad, -1)]) if pad > 0 else self._states
 
     def advance(self, logits: torch.Tensor) -> None:
         """Apply the round: logits [1 + D, L, V] of `next_states()`'s states, on the target's device."""
         assert self._states is not None, "advance() without next_states()"
         info, cfg, dev = self.adapter.info, self.cfg, self.dev
         mask_id, tree, states = info.mask_id, self._tree, self._states
+        logits = logits[: states.shape[0]]  # padding rows (batch invariance) carry nothing
         # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
         logits[..., mask_id] = float("-inf")
         _sync(dev)
