@@ -5,7 +5,8 @@
 
 Each sample is decoded by control, then by every configuration (in an order rotated per sample), then by
 control again; a configuration's throughput ratio on that sample is control's mean wall time over its own, so
-machine drift cancels. Reported per configuration: accuracy (strict '#### N'), NFE per sample, tokens per
+machine drift cancels. Prompts, stop strings and scoring come from one lm-eval generation task (--tasks, default
+spot_arith) through lm-eval's task manager. Reported per configuration: accuracy (the task's metric), NFE per sample, tokens per
 forward, accepted length per round, throughput ratio (median of paired ratios, with the 25-75% spread and the lowest),
 exact-match-to-control; and budget=auto against the best fixed SPOT budget (ratio of medians, and paired per
 problem). `--repeats k` times every decode k times and keeps the fastest, to cut timing noise. Writes
@@ -19,7 +20,6 @@ import json
 import logging
 import os
 import platform
-import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,7 +34,6 @@ METHODS = ("free-chain", "conf-tree", "graph", "spot-chain", "spot", "spot-gamma
 BASELINES = ("free-chain", "conf-tree", "graph")
 BUDGETS = (4, 8, 12, 20)
 TEMPS = (0.0, 1.0)
-STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
 @dataclass
@@ -47,7 +46,8 @@ class Row:
     committed: list[int] = field(default_factory=list)
     gen_tokens: list[int] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)  # mean accepted length per round, per sample
-    correct: list[bool] = field(default_factory=list)
+    correct: list[float] = field(default_factory=list)  # the task's primary metric per sample
+    texts: list[str] = field(default_factory=list)  # generations (cut at `until`), scored by the task at the end
     exact: list[bool] = field(default_factory=list)
     ratio: list[float] = field(default_factory=list)  # control wall / method wall, per sample
     wall_s: list[float] = field(default_factory=list)
@@ -69,15 +69,9 @@ class Row:
         }
 
 
-def _correct(text: str, final: int) -> bool:
-    m = STRICT.search(text)
-    return m is not None and m.group(1).replace(",", "").rstrip(".") == str(final)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from lm_eval_spot.arith.generator import make_prompt, make_split
     from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
     from lm_eval_spot.config import default_drafter_path, default_graph_path, parse_args
@@ -87,11 +81,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
     from lm_eval_spot.loading import load_target
     from lm_eval_spot.methods import MethodSpec, make_proposer
-    from lm_eval_spot.stopping import make_stop_check
+    from lm_eval_spot.stopping import cut_text, make_stop_check
+    from lm_eval_spot.task_source import TaskSource
 
     torch.set_num_threads(args.threads)
-    loaded = load_target(parse_args({"pretrained": args.target, "mode": "control", "device": args.device}))
+    model_args = dict(kv.split("=", 1) for kv in args.model_args.split(",") if kv) if args.model_args else {}
+    model_args.setdefault("pretrained", args.target)
+    model_args.setdefault("device", args.device)
+    loaded = load_target(parse_args({**model_args, "mode": "control"}))
     adapter, tok = loaded.adapter, loaded.tokenizer
+    chat = None
+    if args.apply_chat_template:
+        def chat(history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+            return tok.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt)
+    source = TaskSource(args.tasks, args.n, chat, eos=tok.eos_token, include_path=args.include_path)
     L = adapter.info.block_len
     drafter = load_drafter(Path(args.drafter or default_drafter_path()), L)[0].to(adapter.device)
     graph = RankGraph.load(Path(args.graph or default_graph_path()))
@@ -105,16 +108,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         costs = measure_costs(adapter, drafter)
         proposers[("spot", "auto")] = AutoBudgetProposer(LearnedOrder(drafter), TreeConfig(costs.max_budget), costs)
     keys = list(proposers) + [("oracle", D) for D in args.budgets if "oracle" in args.methods]
-    docs = make_split("test", args.n)
+    docs = source.prompts
     decode_ids = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-    stop = make_stop_check(decode_ids, ["Q:"])
     rows = {(k[0], k[1], T): Row(k[0], k[1], T) for T in args.temps for k in keys}
     bar = tqdm(total=len(docs) * len(args.temps) * (len(keys) + 2), desc="bench", unit="decode")
     t_start = time.perf_counter()
     for i, doc in enumerate(docs):
-        ids = tok(make_prompt(doc["question"]), add_special_tokens=False)["input_ids"]
+        ids = tok(doc.context, add_special_tokens=False)["input_ids"]
+        stop = make_stop_check(decode_ids, list(doc.until))
         for T in args.temps:
-            cfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T)
+            cfg = DecodeConfig(max_gen_toks=args.max_gen_toks or doc.max_gen_toks, temperature=T)
             seed = args.seed * 1_000_003 + i
             commits = CommitLog()
 
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row.committed.append(r.committed)
                 row.gen_tokens.append(len(r.token_ids))
                 row.accepted.append(sum(r.accepted) / max(1, len(r.accepted)))
-                row.correct.append(_correct(decode_ids(r.token_ids), doc["final"]))
+                row.texts.append(cut_text(decode_ids(r.token_ids), list(doc.until)))
                 row.exact.append(r.token_ids == c1.token_ids)
                 row.ratio.append(control_wall / wall)
                 row.wall_s.append(wall)
@@ -151,12 +154,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 T_row.committed.append(c1.committed)
                 T_row.gen_tokens.append(len(c1.token_ids))
                 T_row.accepted.append(0.0)
-                T_row.correct.append(_correct(decode_ids(c1.token_ids), doc["final"]))
+                T_row.texts.append(cut_text(decode_ids(c1.token_ids), list(doc.until)))
                 T_row.exact.append(True)
                 T_row.ratio.append(control_wall / c1.wall_s)
                 T_row.wall_s.append(control_wall)
     bar.close()
+    for row in rows.values():  # the task's own filters and metric, as lm-eval scores them
+        row.correct = source.score(row.texts)
     return {
+        "task": source.name,
         "command": "python -m lm_eval_spot.bench " + " ".join(args.argv),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": args.threads,
                     "torch": torch.__version__, "device": args.device,
@@ -277,19 +283,23 @@ def main(argv: list[str] | None = None) -> None:
     raw = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default=str(default_target_path()))
+    ap.add_argument("--target", default=str(default_target_path()), help="checkpoint folder (= pretrained=)")
+    ap.add_argument("--model_args", default="", help="spot-dlm model args for the target: pretrained=...,dtype=...")
+    ap.add_argument("--tasks", default="spot_arith", help="one lm-eval generation task (its prompts and metric)")
+    ap.add_argument("--include_path", default=None, help="extra lm-eval task folder")
+    ap.add_argument("--apply_chat_template", action="store_true", help="prompts through the tokenizer's chat template")
     ap.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
     ap.add_argument("--graph", default=None, help="calibrated draft graph (default: the shipped one)")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma list from {', '.join(METHODS)}")
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     ap.add_argument("--temps", default="0,1")
-    ap.add_argument("--n", type=int, default=100, help="test problems (the first n of spot_arith's test split)")
+    ap.add_argument("--n", "--limit", type=int, default=100, help="the task's first n requests")
     ap.add_argument("--quick", action="store_true", help="12 problems: finishes in under 10 minutes on 2 cores")
     ap.add_argument("--no-auto", dest="auto", action="store_false", help="skip the spot budget=auto rows")
     ap.add_argument("--gamma", type=float, default=0.05)
     ap.add_argument("--repeats", type=int, default=1,
                     help="time every decode this many times and keep the fastest (less noise, proportionally slower)")
-    ap.add_argument("--max-gen-toks", type=int, default=96)
+    ap.add_argument("--max-gen-toks", type=int, default=96, help="generation cap (0: the task's max_gen_toks)")
     ap.add_argument("--threads", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from lm_eval_spot.bench import main
 
@@ -30,3 +33,19 @@ def test_bench_writes_results_table_and_plots(tmp_path):
     assert "budget=auto reaches" in table
     for png in ("nfe_vs_budget.png", "throughput_vs_budget.png"):
         assert (out / png).stat().st_size > 5000
+
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "openai" / "gsm8k").is_dir(), reason="../shared/data (real GSM8K) absent")
+def test_bench_takes_prompts_and_scoring_from_a_stock_lm_eval_task(tmp_path, monkeypatch):
+    """--tasks gsm8k: the stock lm-eval task's prompts, stop strings and metric (offline, from ../shared/data)."""
+    monkeypatch.chdir(SHARED_DATA)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = tmp_path / "bench"
+    main(["--tasks", "gsm8k", "--n", "1", "--methods", "spot", "--budgets", "4", "--temps", "0", "--no-auto",
+          "--max-gen-toks", "16", "--threads", "1", "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    assert res["task"] == "gsm8k"
+    assert all(r["n"] == 1 and r["exact_match_to_control"] == 1.0 for r in res["rows"])
