@@ -75,7 +75,6 @@ def load_target(args: SpotArgs) -> LoadedTarget:
     info = TargetInfo(
         mask_id=int(tokenizer.mask_token_id),
         stop_ids=stop_ids_of(tokenizer, model.config, gen_cfg),
-        pad_id=tokenizer.pad_token_id,
         block_len=int(block_len),
         grid_origin="zero",
         exact_prefix_cache=True,

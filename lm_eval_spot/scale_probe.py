@@ -51,7 +51,7 @@ def build_target(shape: str, layers: int | None, device: str, dtype: torch.dtype
                       attn_implementation="sdpa", **fields)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
-    info = TargetInfo(mask_id=VOCAB - 1, stop_ids=frozenset(), pad_id=None, block_len=block_len, grid_origin="zero",
+    info = TargetInfo(mask_id=VOCAB - 1, stop_ids=frozenset(), block_len=block_len, grid_origin="zero",
                       exact_prefix_cache=True, vocab_size=VOCAB)
     return BlockCausalAdapter(model, info)
 

@@ -35,7 +35,7 @@ class ScriptedAdapter:
                  stop_ids: frozenset[int] = frozenset({1}), seed: int = 0, rows: torch.Tensor | None = None):
         self.script = script or {}
         self.rows = rows  # [n, V] logits used cyclically by absolute position when given
-        self.info = TargetInfo(mask_id, stop_ids, None, block_len, "zero", True, vocab)
+        self.info = TargetInfo(mask_id, stop_ids, block_len, "zero", True, vocab)
         self._gen = torch.Generator().manual_seed(seed)
         self._margin = torch.rand(4096, generator=self._gen) * 4 + 1
         self.device = torch.device("cpu")

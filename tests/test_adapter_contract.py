@@ -17,7 +17,7 @@ MASK = 2
 
 def make_adapter(seed: int = 0) -> BlockCausalAdapter:
     model = build_model(V, seed=seed, block_length=L)
-    info = TargetInfo(MASK, frozenset({1}), 1, L, "zero", True, V)
+    info = TargetInfo(MASK, frozenset({1}), L, "zero", True, V)
     return BlockCausalAdapter(model, info)
 
 

@@ -40,7 +40,7 @@ def test_interpolation_and_extrapolation():
 
 
 def _adapter() -> BlockCausalAdapter:
-    return BlockCausalAdapter(build_model(V, seed=2, block_length=16), TargetInfo(MASK, frozenset({EOS}), EOS, 16, "zero", True, V))
+    return BlockCausalAdapter(build_model(V, seed=2, block_length=16), TargetInfo(MASK, frozenset({EOS}), 16, "zero", True, V))
 
 
 def _drafter(arch: str = "encoder") -> DrafterModel:

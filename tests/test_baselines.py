@@ -23,7 +23,7 @@ GRAPH = RankGraph(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,), (0, 0, 0
 
 def adapter_for(L: int, seed: int = 0) -> BlockCausalAdapter:
     return BlockCausalAdapter(build_model(V, seed=seed, block_length=L),
-                              TargetInfo(MASK, frozenset({EOS}), EOS, L, "zero", True, V))
+                              TargetInfo(MASK, frozenset({EOS}), L, "zero", True, V))
 
 
 @pytest.mark.parametrize("mode", ["free-chain", "conf-tree", "graph"])

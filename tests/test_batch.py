@@ -19,7 +19,7 @@ V, MASK, EOS = 40, 2, 1
 
 def adapter_for(L: int, seed: int, scale: float) -> BlockCausalAdapter:
     return BlockCausalAdapter(build_model(V, seed=seed, block_length=L, embed_scale=scale),
-                              TargetInfo(MASK, frozenset({EOS}), EOS, L, "zero", True, V))
+                              TargetInfo(MASK, frozenset({EOS}), L, "zero", True, V))
 
 
 def jobs_for(L: int, T: float, proposer, n: int = 7) -> list[DecodeJob]:

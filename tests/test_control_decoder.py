@@ -19,7 +19,7 @@ V, MASK, EOS = 40, 2, 1
 
 def tiny_adapter(L: int = 8, seed: int = 0) -> BlockCausalAdapter:
     return BlockCausalAdapter(build_model(V, seed=seed, block_length=L),
-                              TargetInfo(MASK, frozenset({EOS}), EOS, L, "zero", True, V))
+                              TargetInfo(MASK, frozenset({EOS}), L, "zero", True, V))
 
 
 @pytest.mark.parametrize("T", [0.0, 1.0])

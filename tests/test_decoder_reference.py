@@ -29,7 +29,7 @@ CASES = [(11, 1.0, 8, 5, 3), (12, 1.0, 4, 9, 4), (13, 1.0, 16, 3, 5), (14, 40.0,
 
 def make(seed: int, scale: float, L: int) -> BlockCausalAdapter:
     model = build_model(V, seed=seed, block_length=L, embed_scale=scale)
-    return BlockCausalAdapter(model, TargetInfo(MASK, frozenset({EOS}), EOS, L, "zero", True, V))
+    return BlockCausalAdapter(model, TargetInfo(MASK, frozenset({EOS}), L, "zero", True, V))
 
 
 def prompt_of(n: int, seed: int) -> list[int]:

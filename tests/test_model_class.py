@@ -111,3 +111,40 @@ def test_batch_size_forms(tiny_target_dir):
     assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": "8"}).batch_size == 8
     assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": 2}).batch_size == 2
     assert parse_args({"pretrained": str(tiny_target_dir), "mode": "control", "batch_size": "auto"}).batch_size == "auto"
+
+
+def test_results_report_cache_kind_transfers_and_time_shares(lm):
+    lm.generate_until([req("Hello", max_gen_toks=6)])
+    info = lm.get_model_info()["spot"]
+    assert info["prefix_cache"] == "exact" and info["exact_prefix_cache"] is True
+    assert info["batch_size"] == 4
+    # control reads back 2 x 8 bytes (position, token) per round: nothing of vocabulary size
+    assert info["host_bytes_per_round"] == 16
+    shares = info["round_time_shares"]
+    assert set(shares) == {"forward", "drafting", "rest"} and abs(sum(shares.values()) - 1) < 1e-9
+
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_batch_invariant_and_batched_spot_stay_exact(tiny_target_dir, T):
+    reqs = [req(c, max_gen_toks=10, temperature=T, do_sample=T > 0) for c in ("ab", "Hello there", "x" * 11, "")]
+    outs = []
+    for extra in ({"batch_size": "1"}, {"batch_size": "3"}, {"batch_invariant": "true"}):
+        m = SpotDLM(pretrained=str(tiny_target_dir), mode="spot", budget="4", control="paired", seed=3,
+                    block_len="32", **extra)  # the shipped drafter is for block length 32
+        outs.append(m.generate_until(reqs))
+        assert m.get_model_info()["spot"]["exact_match_to_control"] == 1.0
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_a_round_that_commits_nothing_raises(monkeypatch):
+    """The loop's progress guard: a transition that only rewrites an already committed slot stops the decode."""
+    import lm_eval_spot.decoding.loop as loop
+    from fakes import ScriptedAdapter
+
+    def stuck(logits, eligible, temperature, gumbel):
+        R = logits.shape[0]
+        return torch.zeros(R, dtype=torch.long), torch.full((R,), 9, dtype=torch.long)  # slot 0: the prompt's
+
+    monkeypatch.setattr(loop, "transition", stuck)
+    with pytest.raises(RuntimeError, match="no progress"):
+        loop.decode(ScriptedAdapter(None, vocab=12, block_len=4), [5], loop.DecodeConfig(max_gen_toks=3), seed=0)

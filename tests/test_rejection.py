@@ -48,7 +48,7 @@ def test_decode_with_rejection_matches_control_distribution():
     """End to end at T = 1 with a random-weight (miscalibrated) chain drafter: the first generated token has
     the same distribution under verify=rejection as under control (chi-square homogeneity)."""
     L = 8
-    ad = BlockCausalAdapter(build_model(V, seed=5, block_length=L), TargetInfo(MASK, frozenset(), EOS, L, "zero", True, V))
+    ad = BlockCausalAdapter(build_model(V, seed=5, block_length=L), TargetInfo(MASK, frozenset(), L, "zero", True, V))
     torch.manual_seed(0)
     drafter = OrderModel(OrderModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, top_k=V, max_block_len=L))
     prop = SpotProposer(drafter, TreeConfig(budget=4, chain=True))
@@ -71,7 +71,7 @@ def test_decode_with_rejection_matches_control_distribution():
 
 def test_rejection_at_T0_is_the_exact_greedy_check():
     L = 8
-    ad = BlockCausalAdapter(build_model(V, seed=6, block_length=L), TargetInfo(MASK, frozenset(), EOS, L, "zero", True, V))
+    ad = BlockCausalAdapter(build_model(V, seed=6, block_length=L), TargetInfo(MASK, frozenset(), L, "zero", True, V))
     drafter = OrderModel(OrderModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, top_k=V, max_block_len=L))
     prop = SpotProposer(drafter, TreeConfig(budget=3, chain=True))
     cfg = DecodeConfig(max_gen_toks=12, temperature=0.0)

@@ -22,7 +22,7 @@ V, MASK, EOS = 40, 2, 1
 
 def adapter_for(L: int, seed: int = 0) -> BlockCausalAdapter:
     return BlockCausalAdapter(build_model(V, seed=seed, block_length=L),
-                              TargetInfo(MASK, frozenset({EOS}), EOS, L, "zero", True, V))
+                              TargetInfo(MASK, frozenset({EOS}), L, "zero", True, V))
 
 
 class Recorder:

@@ -1,7 +1,18 @@
 """The target adapter contract: the one interface every target family implements.
 
-A decoder talks to a target only through `TargetAdapter` (static facts + `open`) and the `TargetSession` it
-returns for one request (prefix cache, replica forwards, block commits, NFE counting).
+A decoder talks to a target only through `TargetAdapter` (static facts, its device, `open`) and the
+`TargetSession` it returns for one request (prefix cache, replica forwards, block commits, NFE counting).
+
+What the decoder relies on (every family must hold to it):
+- `block_logits(states)` is a PURE function of (the committed prefix, the states): calling it twice with the same
+  arguments gives the same logits, and it never changes what later calls see. An adapter may not refresh or
+  re-compute an approximate cache behind the loop's back; the prefix changes only through `commit_block`.
+- Logits stay on `TargetAdapter.device` (float32, position-aligned, only the active block's L positions): the
+  decoder reduces them there and moves only per-slot summaries to the host.
+- A state's logits must not depend on the other rows of the forward. Where kernels make that impossible in the
+  last bits (accelerators at low precision), `batch_invariant=true` pads every forward to one row count.
+- `exact_prefix_cache` says whether cached logits equal a full recomputation; it is reported in every run's
+  results ("exact" / "approximate") and printed in the run summary.
 """
 
 from __future__ import annotations
@@ -20,9 +31,10 @@ class TargetInfo:
 
     mask_id: int
     stop_ids: frozenset[int]  # eos and end-of-turn ids: committing one ends the generation
-    pad_id: int | None
     block_len: int
-    grid_origin: GridOrigin  # "zero": blocks aligned to absolute positions (prompt tail shares a block)
+    # "zero": blocks aligned to absolute positions (the prompt's tail shares the first block, block-causal
+    # targets); "prompt_end": blocks start where the prompt ends (fully bidirectional targets)
+    grid_origin: GridOrigin
     exact_prefix_cache: bool  # True: cached logits equal a full recomputation (exactness guarantees hold)
     vocab_size: int
 
@@ -32,8 +44,8 @@ class NFECounter:
     """Target forward passes of one request, by kind. Every forward counts, whatever its batch shape."""
 
     prefill: int = 0  # standalone forwards that only fill the prefix cache
-    rounds: int = 0  # forwards on active-block states (a batched verification forward is one); an adapter
-    # may let pending prompt/finished blocks ride along with one of these to fill its cache
+    rounds: int = 0  # forwards on active-block states (a batched verification forward is one; so is a forward
+    # shared with other requests); an adapter may let pending prompt/finished blocks ride along with one of these
     store: int = 0  # standalone forwards that store a finished block
 
     @property
@@ -55,8 +67,9 @@ class TargetSession(Protocol):
     def block_logits(self, states: torch.Tensor) -> torch.Tensor:
         """Logits for R hypothetical states of the active block in ONE forward.
 
-        states: [R, L] token ids (mask id where masked). Returns [R, L, V] float32 logits, position-aligned
-        (logits[r, i] predicts slot i). The shared prefix cache is not changed. Counts one NFE.
+        states: [R, L] token ids on the host (mask id where masked). Returns [R, L, V] float32 logits on the
+        adapter's device, position-aligned (logits[r, i] predicts slot i). A pure function of (committed prefix,
+        states): the shared prefix cache is not changed. Counts one NFE.
         """
         ...
 
@@ -68,8 +81,14 @@ class TargetSession(Protocol):
 
 class TargetAdapter(Protocol):
     info: TargetInfo
+    device: torch.device  # where the model's logits are (and the round's arithmetic runs)
 
-    def open(self, prompt_ids: list[int]) -> tuple[TargetSession, list[int]]:
-        """Start a request on the prompt. Returns the session and the prompt tokens that sit in the first active
-        block (with grid origin zero: the prompt's tail after its last complete block; they are never masked)."""
+    def open(self, prompt_ids: list[int], gen_length: int | None = None) -> tuple[TargetSession, list[int]]:
+        """Start a request on the prompt; `gen_length` is the generation's maximum length (a fully bidirectional
+        target lays out its whole canvas from it). Returns the session and the prompt tokens that sit in the
+        first active block (with grid origin zero: the prompt's tail after its last complete block; they are
+        never masked)."""
         ...
+
+    # Optional: block_logits_many(items: list[(session, states)]) -> list[logits], several requests' states in as
+    # few forwards as the adapter can (each request's logits equal its own block_logits; one NFE each).
