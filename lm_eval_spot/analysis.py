@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target checkpoint folder (default: the embedded target)")
     ap.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
-    ap.add_argument("--prompts-file", default=None, help="JSONL with a 'prompt' field (default: spot_arith test)")
+    ap.add_argument("--prompts-file", default=None, help="JSONL with a 'prompt' field (default: --tasks)")
+    ap.add_argument("--tasks", default="spot_arith", help="lm-eval generation task whose requests are analysed")
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--budget", type=int, default=8, help="SPOT budget for accepted lengths and rejection causes")
     ap.add_argument("--oracle-budgets", default="4,8,12,20")
@@ -185,9 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.prompts_file:
         prompts = [json.loads(x)["prompt"] for x in Path(args.prompts_file).read_text().splitlines() if x.strip()]
     else:
-        from lm_eval_spot.arith.generator import make_prompt, make_split
+        from lm_eval_spot.task_source import TaskSource
 
-        prompts = [make_prompt(p["question"]) for p in make_split("test", args.n)]
+        prompts = [p.context for p in TaskSource(args.tasks, args.n).prompts]
     prompts = prompts[: args.n]
     raw = {"mode": "control", **({"pretrained": args.target} if args.target else {}),
            **({"block_len": args.block_len} if args.block_len else {})}

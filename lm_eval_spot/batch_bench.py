@@ -2,7 +2,7 @@
 
     python -m lm_eval_spot.batch_bench --n 500 --batch-size 8 --threads 2 --out docs/results/batch_cpu
 
-For control and SPOT (budget 8) at T = 0 and T = 1 on the embedded target's spot_arith problems, decodes every
+For control and SPOT (budget 8) at T = 0 and T = 1 on a task's requests (default: spot_arith), decodes every
 problem with batch_size 1 and with --batch-size (which runs first alternates per configuration), and reports how
 many generations are identical, NFE per sample in both, and generated tokens per wall second in both (the
 throughput ratio of batching). Writes results.json and table.md.
@@ -25,7 +25,6 @@ log = logging.getLogger("lm_eval_spot.batch_bench")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from lm_eval_spot.arith.generator import make_prompt, make_split
     from lm_eval_spot.config import default_drafter_path, parse_args
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig
@@ -33,21 +32,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.loading import load_target
     from lm_eval_spot.methods import MethodSpec, make_proposer
     from lm_eval_spot.stopping import make_stop_check
+    from lm_eval_spot.task_source import TaskSource
 
     torch.set_num_threads(args.threads)
     loaded = load_target(parse_args({"pretrained": args.target, "mode": "control", "device": args.device}))
     adapter, tok = loaded.adapter, loaded.tokenizer
     drafter = load_drafter(Path(args.drafter or default_drafter_path()), adapter.info.block_len)[0].to(adapter.device)
-    docs = make_split("test", args.n)
-    prompts = [tok(make_prompt(d["question"]), add_special_tokens=False)["input_ids"] for d in docs]
-    stop = make_stop_check(lambda ids: tok.decode(ids, skip_special_tokens=True), ["Q:"])
+    docs = TaskSource(args.tasks, args.n, eos=tok.eos_token).prompts
+    prompts = [tok(d.context, add_special_tokens=False)["input_ids"] for d in docs]
+    detok = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    stops = [make_stop_check(detok, list(d.until)) for d in docs]
     rows = []
     for c, (mode, T) in enumerate((m, t) for m in ("control", "spot") for t in args.temps):
         prop = make_proposer(MethodSpec(mode, args.budget), drafter)
         cfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T)
         timed: dict[int, tuple[list[Any], float]] = {}
         for bs in (1, args.batch_size) if c % 2 == 0 else (args.batch_size, 1):
-            jobs = [DecodeJob(ids, cfg, args.seed * 1_000_003 + i, stop, for_request(prop))
+            jobs = [DecodeJob(ids, cfg, args.seed * 1_000_003 + i, stops[i], for_request(prop))
                     for i, ids in enumerate(prompts)]
             t0 = time.perf_counter()
             timed[bs] = (decode_many(adapter, jobs, batch_size=bs), time.perf_counter() - t0)
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(default_target_path()))
     ap.add_argument("--drafter", default=None)
+    ap.add_argument("--tasks", default="spot_arith", help="lm-eval generation task (its prompts and stops)")
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--budget", type=int, default=8)

@@ -61,3 +61,23 @@ class TaskSource:
             metrics: dict[str, Any] = self.task.process_results(inst.doc, [inst.filtered_resps[key]])
             out.append(float(next(iter(metrics.values()))))
         return out
+
+
+def task_prompts(name: str, split: str, n: int, include_path: str | None = None) -> list[str]:
+    """Zero-shot prompts (the task's doc_to_text) of the first n docs of one split of an lm-eval task: the
+    prompt source for drafter training and graph calibration on any task (use a split the evaluation does not)."""
+    from itertools import islice
+
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    tasks = get_task_dict([name], TaskManager(include_path=include_path))
+    if len(tasks) != 1:
+        raise ValueError(f"{name!r} names a group of {len(tasks)} tasks; give one task")
+    task = next(iter(tasks.values()))
+    getter = {"train": task.training_docs, "validation": task.validation_docs, "test": task.test_docs}.get(split)
+    if getter is None:
+        raise ValueError(f"split {split!r} is not one of train, validation, test")
+    has = {"train": task.has_training_docs, "validation": task.has_validation_docs, "test": task.has_test_docs}[split]
+    if not has():
+        raise ValueError(f"task {name!r} has no {split} split")
+    return [str(task.doc_to_text(d)) for d in islice(getter(), n)]

@@ -124,8 +124,10 @@ class _RankCounter:
         return rounds
 
 
-def calibrate(target_dir: str, n_prompts: int, keep: int = 64, seed: int = 0) -> RankGraph:
-    """Control (T=0) trajectories on training-split prompts (disjoint from the test split)."""
+def calibrate(target_dir: str, n_prompts: int, keep: int = 64, seed: int = 0, task: str = "spot_arith",
+              split: str = "validation") -> RankGraph:
+    """Control (T=0) trajectories on prompts disjoint from the evaluation split: spot_arith's generator split
+    'val', or the given split of any lm-eval task. The graph stores rank-path counts only."""
     from tqdm import tqdm
 
     from lm_eval_spot.arith.generator import make_prompt, make_split
@@ -136,8 +138,14 @@ def calibrate(target_dir: str, n_prompts: int, keep: int = 64, seed: int = 0) ->
     loaded = load_target(parse_args({"pretrained": target_dir, "mode": "control"}))
     counts: Counter[tuple[int, ...]] = Counter()
     rounds = 0
-    for doc in tqdm(make_split("val", n_prompts), desc="calibrating draft graph"):
-        ids = loaded.tokenizer(make_prompt(doc["question"]), add_special_tokens=False)["input_ids"]
+    if task == "spot_arith":
+        prompts = [make_prompt(doc["question"]) for doc in make_split("val", n_prompts)]
+    else:
+        from lm_eval_spot.task_source import task_prompts
+
+        prompts = task_prompts(task, split, n_prompts)
+    for prompt in tqdm(prompts, desc="calibrating draft graph"):
+        ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         obs = _RankCounter()
         decode(loaded.adapter, ids, DecodeConfig(max_gen_toks=96), seed, observer=obs)
         rounds += obs.count_into(counts)
@@ -153,10 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target", default=str(default_target_path()), help="target checkpoint folder")
     ap.add_argument("--n-prompts", type=int, default=300)
     ap.add_argument("--keep", type=int, default=64, help="graph nodes kept (>= the largest budget used)")
+    ap.add_argument("--tasks", default="spot_arith", help="lm-eval task whose prompts calibrate the graph")
+    ap.add_argument("--split", default="validation", help="that task's split (not the one you evaluate on)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    g = calibrate(a.target, a.n_prompts, a.keep)
+    g = calibrate(a.target, a.n_prompts, a.keep, task=a.tasks, split=a.split)
     g.save(Path(a.out))
     log.info("wrote %s: %d nodes from %d rounds; top: %s", a.out, len(g.nodes), g.rounds,
              ", ".join(f"{n}:{c}" for n, c in zip(g.nodes[:8], g.counts[:8], strict=False)))

@@ -52,7 +52,9 @@ def training_prompts(task: str, n: int, prompts_file: str | None) -> list[str]:
         rows = [json.loads(x) for x in Path(prompts_file).read_text().splitlines() if x.strip()]
         return [r["prompt"] for r in rows][:n]
     if task != "spot_arith":
-        raise SystemExit(f"--task {task!r}: only spot_arith has a built-in training split; pass --prompts-file")
+        from lm_eval_spot.task_source import task_prompts
+
+        return task_prompts(task, "train", n)  # any lm-eval task with a training split
     from lm_eval_spot.arith.generator import make_prompt, make_split
 
     return [make_prompt(p["question"]) for p in make_split("train", n)]
