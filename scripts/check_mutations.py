@@ -23,13 +23,16 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
      "if tree.pos[c - 1] == tp[node] and tree.tok[c - 1] == tt[node]", "if tree.pos[c - 1] == tp[node]"),
     ("confidence is the max logit, not the max softmax", "lm_eval_spot/decoding/transition.py",
-     "return torch.softmax(logits.float(), dim=-1).amax(dim=-1)", "return logits.float().amax(dim=-1)"),
+     "parts = [torch.softmax(flat[i : i + step].float(), dim=-1).amax(dim=-1)",
+     "parts = [flat[i : i + step].float().amax(dim=-1)"),
     ("ties go to the highest index", "lm_eval_spot/decoding/transition.py",
      "return conf.argmax(dim=-1)", "return conf.shape[-1] - 1 - conf.flip(-1).argmax(dim=-1)"),
     ("noise redrawn every round", "lm_eval_spot/decoding/loop.py",
-     "            tr = time.perf_counter()\n",
-     "            gumbel = gumbel_rows(seed + rounds, block, L, info.vocab_size, dev) if cfg.temperature > 0 else None\n"
-     "            tr = time.perf_counter()\n"),
+     "        self._t_round = time.perf_counter()\n",
+     "        if self.cfg.temperature > 0:\n"
+     "            self.gumbel = gumbel_rows(self.seed + self.rounds, self.block, self.adapter.info.block_len,\n"
+     "                                      self.adapter.info.vocab_size, self.dev)\n"
+     "        self._t_round = time.perf_counter()\n"),
     ("a replica sees another replica's state", "lm_eval_spot/adapters/prefix_attention.py",
      "own = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2))",
      "own = torch.matmul(qg, k.roll(1, 0).unsqueeze(2).transpose(-1, -2))"),

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The real-scale round on a CUDA machine (python3 + torch + transformers; no lm-eval needed):
+#   OUT=gpu_scale bash scripts/gpu_scale_check.sh
+# A random-init SDAR-1.7B-shaped Qwen3 (vocab 151,936, 28 layers, bf16): bytes read back per round, share of
+# decode time outside the target forwards (control and SPOT D=8, T=0 and T=1), the forward-time curve t(R) for
+# R = 1..21 and batch-shape invariance (largest logit difference and transition flips by R). About 3-5 minutes
+# on an H200. Wheels in .whl/ are used as in gpu_bench.sh.
+set -euo pipefail
+OUT=${OUT:-gpu_scale}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-deps --target /tmp/spot_deps .whl/*.whl
+  export PYTHONPATH=/tmp/spot_deps:$PWD
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -m lm_eval_spot.scale_probe --shape sdar-1.7b --device cuda --dtype bfloat16 --gen 64 --curve \
+  --invariance 21 --trials 2 --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"
