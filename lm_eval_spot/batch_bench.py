@@ -53,6 +53,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             timed[bs] = (decode_many(adapter, jobs, batch_size=bs), time.perf_counter() - t0)
         (one, w1), (many, wb) = timed[1], timed[args.batch_size]
+        inv: dict[str, Any] = {}
+        if args.invariant:  # batch_invariant=true: one request at a time, every forward padded to 1 + budget rows
+            pcfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T, pad_rows=1 + args.budget)
+            jobs = [DecodeJob(ids, pcfg, args.seed * 1_000_003 + i, stops[i], for_request(prop))
+                    for i, ids in enumerate(prompts)]
+            t0 = time.perf_counter()
+            padded = decode_many(adapter, jobs, batch_size=1)
+            wp = time.perf_counter() - t0
+            inv = {"invariant_identical": sum(a.token_ids == b.token_ids for a, b in zip(one, padded, strict=True)),
+                   "invariant_throughput_ratio": (sum(len(r.token_ids) for r in padded) / wp) /
+                   (sum(len(r.token_ids) for r in one) / w1)}
         diff = [i for i, (a, b) in enumerate(zip(one, many, strict=True)) if a.token_ids != b.token_ids]
         gen1 = sum(len(r.token_ids) for r in one)
         genb = sum(len(r.token_ids) for r in many)
@@ -62,7 +73,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "nfe_per_sample_bs1": sum(r.nfe.total for r in one) / len(docs),
             "nfe_per_sample_bsN": sum(r.nfe.total for r in many) / len(docs),
             "gen_tokens_per_s_bs1": gen1 / w1, "gen_tokens_per_s_bsN": genb / wb,
-            "throughput_ratio": (genb / wb) / (gen1 / w1), "wall_s_bs1": w1, "wall_s_bsN": wb,
+            "throughput_ratio": (genb / wb) / (gen1 / w1), "wall_s_bs1": w1, "wall_s_bsN": wb, **inv,
         })
         log.info("%s T=%g: %d/%d identical, %.1f -> %.1f tok/s (%.2fx)", mode, T, rows[-1]["identical"], len(docs),
                  gen1 / w1, genb / wb, rows[-1]["throughput_ratio"])
@@ -75,10 +86,15 @@ def markdown(res: dict[str, Any]) -> str:
     B = res["batch_size"]
     lines = [f"| mode | T | n | identical to batch_size=1 | NFE/sample bs=1 | NFE/sample bs={B} | tok/s bs=1 | "
              f"tok/s bs={B} | throughput ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    if any("invariant_identical" in r for r in res["rows"]):
+        lines[0] += " batch_invariant: identical | batch_invariant: throughput vs bs=1 |"
+        lines[1] += "---|---|"
     for r in res["rows"]:
+        extra = (f" {r['invariant_identical']} | {r['invariant_throughput_ratio']:.2f}x |"
+                 if "invariant_identical" in r else "")
         lines.append(f"| {r['mode']} | {r['temperature']:g} | {r['n']} | {r['identical']} | "
                      f"{r['nfe_per_sample_bs1']:.2f} | {r['nfe_per_sample_bsN']:.2f} | {r['gen_tokens_per_s_bs1']:.1f} | "
-                     f"{r['gen_tokens_per_s_bsN']:.1f} | {r['throughput_ratio']:.2f}x |")
+                     f"{r['gen_tokens_per_s_bsN']:.1f} | {r['throughput_ratio']:.2f}x |" + extra)
     return "\n".join(lines)
 
 
@@ -97,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--invariant", action="store_true",
+                    help="also decode with batch_invariant padding (1 + budget rows per forward) and time it")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv

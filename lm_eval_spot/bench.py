@@ -51,6 +51,12 @@ class Row:
     exact: list[bool] = field(default_factory=list)
     ratio: list[float] = field(default_factory=list)  # control wall / method wall, per sample
     wall_s: list[float] = field(default_factory=list)
+    timing: list[tuple[float, float, float]] = field(default_factory=list)  # (forward, drafting, rest) s, per sample
+    host_bytes: list[float] = field(default_factory=list)  # read back from the target's device per round
+
+    def add_timing(self, r: Any) -> None:
+        self.timing.append((r.timing.forward, r.timing.draft, r.timing.rest))
+        self.host_bytes.append(r.host_bytes / max(1, r.rounds))
 
     def summary(self) -> dict[str, Any]:
         n = len(self.nfe)
@@ -66,6 +72,11 @@ class Row:
             "throughput_ratio_q75": q[2], "throughput_ratio_min": min(self.ratio),
             "throughput_ratios": list(self.ratio), "exact_match_to_control": sum(self.exact) / n,
             "wall_s_per_sample": sum(self.wall_s) / n,
+            # Per-round timing breakdown (seconds per sample): target forward, drafting, the rest of the round
+            # (transitions, verification, transfers); and bytes read back from the target's device per round.
+            "round_s_per_sample": {k: sum(t[j] for t in self.timing) / n
+                                   for j, k in enumerate(("forward", "drafting", "rest"))} if self.timing else {},
+            "host_bytes_per_round": sum(self.host_bytes) / n if self.host_bytes else 0.0,
         }
 
 
@@ -148,6 +159,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row.exact.append(r.token_ids == c1.token_ids)
                 row.ratio.append(control_wall / wall)
                 row.wall_s.append(wall)
+                row.add_timing(r)
             for T_row in (rows.setdefault(("control", "-", T), Row("control", "-", T)),):
                 T_row.nfe.append(c1.nfe.total)
                 T_row.control_nfe.append(c1.nfe.total)
@@ -158,6 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 T_row.exact.append(True)
                 T_row.ratio.append(control_wall / c1.wall_s)
                 T_row.wall_s.append(control_wall)
+                T_row.add_timing(c2)  # c1 carried the commit log observer
     bar.close()
     for row in rows.values():  # the task's own filters and metric, as lm-eval scores them
         row.correct = source.score(row.texts)

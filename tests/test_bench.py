@@ -19,6 +19,8 @@ def test_bench_writes_results_table_and_plots(tmp_path):
     # 4 methods x 2 budgets x 2 temperatures + spot budget=auto and control per temperature
     assert len(rows) == 4 * 2 * 2 + 2 + 2
     assert all(r["exact_match_to_control"] == 1.0 for r in rows)
+    assert all(set(r["round_s_per_sample"]) == {"forward", "drafting", "rest"} for r in rows)
+    assert all(r["host_bytes_per_round"] > 0 for r in rows)
     oracle = {(r["budget"], r["temperature"]): r["nfe_per_sample"] for r in rows if r["method"] == "oracle"}
     spot = {(r["budget"], r["temperature"]): r["nfe_per_sample"] for r in rows if r["method"] == "spot"}
     control = [r for r in rows if r["method"] == "control"]
