@@ -7,12 +7,6 @@
 # on an H200. Wheels in .whl/ are used as in gpu_bench.sh.
 set -euo pipefail
 OUT=${OUT:-gpu_scale}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-deps --target /tmp/spot_deps .whl/*.whl
-  export PYTHONPATH=/tmp/spot_deps:$PWD
-fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"
 python3 -m lm_eval_spot.scale_probe --shape sdar-1.7b --device cuda --dtype bfloat16 --gen 64 --curve \
   --invariance 21 --trials 2 --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"
