@@ -26,6 +26,7 @@ import torch
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
+from lm_eval_spot.decoding.transfer import sync
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
 
@@ -56,11 +57,6 @@ def build_target(shape: str, layers: int | None, device: str, dtype: torch.dtype
     return BlockCausalAdapter(model, info)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def forward_curve(adapter: BlockCausalAdapter, prompt: list[int], max_r: int, repeats: int) -> dict[int, float]:
     """Median seconds of one forward of R replicas of a half-committed block after the prompt's prefix."""
     L = adapter.info.block_len
@@ -72,10 +68,10 @@ def forward_curve(adapter: BlockCausalAdapter, prompt: list[int], max_r: int, re
     for r in range(1, max_r + 1):
         times = []
         for _ in range(repeats):
-            _sync(adapter.device)
+            sync(adapter.device)
             t0 = time.perf_counter()
             session.block_logits(block[None].repeat(r, 1))
-            _sync(adapter.device)
+            sync(adapter.device)
             times.append(time.perf_counter() - t0)
         out[r] = statistics.median(times)
     return out

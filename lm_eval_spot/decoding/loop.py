@@ -18,7 +18,7 @@ from lm_eval_spot.adapters.base import NFECounter, TargetAdapter
 from lm_eval_spot.decoding.noise import gumbel_rows, mix_seed
 from lm_eval_spot.decoding.proposer import Proposer, RoundContext
 from lm_eval_spot.decoding.stale import Stale, summarize
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.decoding.transfer import HostLink, sync
 from lm_eval_spot.decoding.rejection import proposal_probs, rejection_verify, sample_chain_tokens
 from lm_eval_spot.decoding.transition import transition
 from lm_eval_spot.decoding.tree import DraftTree, accepted_path, compile_states
@@ -219,7 +219,7 @@ class RequestDecode:
         logits = logits[: states.shape[0]]  # padding rows (batch invariance) carry nothing
         # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
         logits[..., mask_id] = float("-inf")
-        _sync(dev)
+        sync(dev)  # so the forward's time is not billed to the verification after it
         tv = time.perf_counter()
         node_eligible = (states == mask_id) & self.window
         if self.rejection:
@@ -288,8 +288,3 @@ class RequestDecode:
         self.result = DecodeResult(ids, reason, self.session.nfe, self.committed, self.rounds, self.drafted,
                                    self.accepted, time.perf_counter() - self.t0, self.link.bytes, self.timing)
 
-
-def _sync(device: torch.device) -> None:
-    """Wait for queued kernels, so the forward's time is not billed to the verification after it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -3,7 +3,7 @@
 A drafter reads the stale conditionals of the active block only through `Stale`: per slot the top-k
 probabilities, the two most probable tokens, log(1 - top-1 probability) and, at T > 0, the coupled stale draw.
 These are L x (k + a few) numbers, so a round moves kilobytes to the host whatever the vocabulary width; the
-[L, V] logits stay on the device (only the accept-residual verifier reads them, there).
+[L, V] logits stay on the device (the loop keeps the row for the accept-residual verifier, which reads it there).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ class Stale:
     log1m: torch.Tensor  # [L] float32 log(1 - top-1 probability), from the logits (precise when p ~ 1)
     draw_tok: torch.Tensor | None = None  # [L] long, T > 0: the coupled stale draw argmax(l / T + G)
     draw_p: torch.Tensor | None = None  # [L] float32, T > 0: softmax(l / T) at draw_tok
-    device_logits: torch.Tensor | None = None  # [L, V] on the target's device; never moved to the host
 
     @property
     def confidence(self) -> torch.Tensor:
@@ -78,5 +77,5 @@ def summarize(
     for n in range(N):
         dt = pulled[3][n] if draw_tok is not None else None
         dp = pulled[4][n] if draw_tok is not None else None
-        out.append(Stale(vals[n], ids[n], l1m[n], dt, dp, logits[n]))
+        out.append(Stale(vals[n], ids[n], l1m[n], dt, dp))
     return out

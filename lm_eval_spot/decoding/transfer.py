@@ -5,6 +5,12 @@ from __future__ import annotations
 import torch
 
 
+def sync(device: torch.device) -> None:
+    """Wait for queued kernels on an accelerator (so a timer stops when the work is done); no-op on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class HostLink:
     """Moves tensors to the host and counts their bytes (on a CPU target the same tensors are counted, so the
     figure is what a GPU run would transfer)."""
