@@ -13,6 +13,7 @@ VERIFIERS = ("coupled", "rejection")
 CHAIN_MODES = ("spot-chain", "free-chain")
 CONTROL_OPTIONS = ("none", "paired")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+IMPLS = ("native", "remote")
 
 
 class SpotArgError(ValueError):
@@ -56,6 +57,18 @@ def _as_int(name: str, value: Any, minimum: int) -> int:
     return out
 
 
+def _as_ids(name: str, value: Any) -> tuple[int, ...]:
+    """A token-id list: a list of ints, or a string "a|b|c" (commas separate model args on the CLI)."""
+    items = value if isinstance(value, (list, tuple)) else str(value).replace(";", "|").split("|")
+    try:
+        out = tuple(int(v) for v in items if str(v).strip() != "")
+    except (TypeError, ValueError):
+        raise SpotArgError(f"spot-dlm: {name}={value!r} is not a list of token ids; accepted: e.g. 151645|151643") from None
+    if not out or min(out) < 0:
+        raise SpotArgError(f"spot-dlm: {name}={value!r} is not a list of token ids; accepted: e.g. 151645|151643")
+    return out
+
+
 @dataclass(frozen=True)
 class SpotArgs:
     pretrained: str  # local checkpoint folder (or hub id where a hub is reachable)
@@ -78,6 +91,12 @@ class SpotArgs:
     # Pad every forward to one fixed row count (1 + the largest budget), control's included, so verification
     # compares logits computed at one batch shape (accelerators' kernels are not batch-invariant in low bits).
     batch_invariant: bool = False
+    family: str | None = None  # target family; default: detected from the checkpoint's config
+    impl: str | None = None  # "native" (transformers' classes) or "remote" (official remote code); family default
+    card: str | None = None  # model card whose defaults fill unset args (model_cards/)
+    mask_id: int | None = None  # overrides the checkpoint's mask token id
+    stop_ids: tuple[int, ...] | None = None  # overrides the checkpoint's eos / end-of-turn ids ("a|b|c")
+    attn_implementation: str | None = None  # passed to transformers where a family allows a choice
 
 
 def accepted_args() -> list[str]:
@@ -91,7 +110,22 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         raise SpotArgError(
             f"spot-dlm: unknown model argument(s) {', '.join(unknown)}; accepted: {', '.join(accepted_args())}"
         )
+    if raw.get("card") is not None:
+        from lm_eval_spot.cards import card_defaults
+
+        raw = {**card_defaults(str(raw["card"])), **{k: v for k, v in raw.items() if v is not None}}
     args: dict[str, Any] = {}
+    for name in ("family", "card", "attn_implementation"):
+        if raw.get(name) is not None:
+            args[name] = str(raw[name])
+    if raw.get("impl") is not None:
+        if str(raw["impl"]) not in IMPLS:
+            raise SpotArgError(f"spot-dlm: impl={raw['impl']!r} is not known; accepted: {', '.join(IMPLS)}")
+        args["impl"] = str(raw["impl"])
+    if raw.get("mask_id") is not None:
+        args["mask_id"] = _as_int("mask_id", raw["mask_id"], 0)
+    if raw.get("stop_ids") is not None:
+        args["stop_ids"] = _as_ids("stop_ids", raw["stop_ids"])
     pretrained = raw.get("pretrained")
     if pretrained is None or str(pretrained) in ("", "default"):
         pretrained = str(default_target_path())

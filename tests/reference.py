@@ -49,8 +49,11 @@ def _first_max(values: list[float]) -> int:
 
 
 def reference_decode(model, prompt: list[int], L: int, mask_id: int, stop_ids: set[int], max_toks: int,
-                     T: float, seed: int) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """Generated ids (cut before the first stop id), and every commit as (block, slot, token)."""
+                     T: float, seed: int, forward=None) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Generated ids (cut before the first stop id), and every commit as (block, slot, token). `forward(ids, L)`
+    -> logits [n, V] of the whole sequence (default: a native causal LM with an additive block-causal mask; the
+    family tests pass the official forward of a remote-code model, called in its own protocol)."""
+    forward = forward or (lambda ids, L_: _forward(model, ids, L_))
     seq = list(prompt)
     gen_start = len(prompt)
     out: list[int] = []
@@ -63,7 +66,7 @@ def reference_decode(model, prompt: list[int], L: int, mask_id: int, stop_ids: s
             elig = [cur[i] == mask_id and gen_start <= start + i < gen_start + max_toks for i in range(L)]
             if not any(elig):
                 break
-            logits = _forward(model, seq[:start] + cur, L)[start:]
+            logits = forward(seq[:start] + cur, L)[start:].float()
             logits[:, mask_id] = float("-inf")
             probs = torch.softmax(logits, dim=-1)
             conf = [float(probs[i].max()) if elig[i] else -1.0 for i in range(L)]

@@ -1,0 +1,139 @@
+"""Family `sdar`: JetLM's SDAR block-diffusion models (Qwen3 architecture; model_type `sdar`).
+
+Two implementations of the same forward:
+- `native` (default): the SDAR weights in transformers' own Qwen3 classes, its config mapped field by field, with
+  the project's block-causal prefix attention (`BlockCausalAdapter`). No remote code, no flash-attn; runs under
+  transformers 4.57 and 5.x.
+- `remote`: the official modeling code (trust_remote_code) driven by its own protocol: a BOOLEAN mask (True =
+  attend; it calls `.bool()`, so an additive mask would be silently inverted), absolute position ids, and a
+  DynamicCache that `store_kv=True` appends to and `store_kv=False` only reads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+
+from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
+from lm_eval_spot.adapters.remote_block_causal import RemoteBlockCausalAdapter
+from lm_eval_spot.config import SpotArgError, SpotArgs
+from lm_eval_spot.families import common
+
+NAME = "sdar"
+IMPLS = ("native", "remote")
+DEFAULT_BLOCK_LEN = 4  # SDAR-*-Chat without a -bN suffix
+
+# config.json -> Qwen3Config, field by field. Anything not listed in one of these tables is an error.
+SAME_NAME = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+    "rope_scaling", "attention_bias", "attention_dropout", "tie_word_embeddings", "initializer_range",
+    "bos_token_id", "eos_token_id", "pad_token_id",
+)
+DECODER_FIELDS = ("block_size", "mask_token_id")  # read by the project (block length, mask id), not the forward
+# Read by SDAR's training code or its loader only; its inference forward never looks at them.
+NOT_IN_FORWARD = (
+    "fuse_cross_entropy", "micro_forward", "skip_checkpoint", "debug", "ep_size", "use_deepep", "use_cache",
+    # SDARAttention has no sliding-window branch: these three never change its output.
+    "use_sliding_window", "sliding_window", "max_window_layers",
+)
+METADATA = ("architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype",
+            "_name_or_path", "attn_implementation")
+
+
+def matches(cfg: dict[str, Any]) -> bool:
+    return cfg.get("model_type") == "sdar" or "SDARForCausalLM" in (cfg.get("architectures") or [])
+
+
+def qwen3_config(cfg: dict[str, Any]) -> Any:
+    """SDAR config.json -> transformers Qwen3Config. A field that does not map is an error, never skipped."""
+    from transformers import PretrainedConfig, Qwen3Config
+
+    generic = set(PretrainedConfig().to_dict())  # generation defaults and the like: no effect on the forward
+    known = set(SAME_NAME) | set(DECODER_FIELDS) | set(NOT_IN_FORWARD) | set(METADATA)
+    unknown = sorted(k for k in cfg if k not in known and k not in generic)
+    if unknown:
+        raise SpotArgError(
+            f"spot-dlm: impl=native cannot map SDAR config field(s) {', '.join(unknown)} onto Qwen3; "
+            "use impl=remote (trust_remote_code=true), or extend the map in lm_eval_spot/families/sdar.py"
+        )
+    out = Qwen3Config(**{k: cfg[k] for k in SAME_NAME if k in cfg}, use_sliding_window=False)
+    out.architectures = ["Qwen3ForCausalLM"]
+    return out
+
+
+def _load_native(args: SpotArgs) -> torch.nn.Module:
+    from transformers import Qwen3ForCausalLM
+
+    qcfg = qwen3_config(common.read_config(args.pretrained))
+    try:
+        model, info = Qwen3ForCausalLM.from_pretrained(
+            args.pretrained, config=qcfg, dtype=common.torch_dtype(args), output_loading_info=True)
+    except OSError as err:
+        raise SpotArgError(f"spot-dlm: the weights of pretrained={args.pretrained!r} could not be loaded ({err})") from None
+    problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys",
+                                                               "error_msgs")}
+    if problems:
+        detail = "; ".join(f"{k}: {', '.join(map(str, list(v)[:6]))}{' ...' if len(v) > 6 else ''}"
+                           for k, v in problems.items())
+        raise SpotArgError(f"spot-dlm: SDAR weights do not map onto Qwen3 one to one ({detail}); use impl=remote")
+    return model
+
+
+def alias_loss_kwargs() -> None:
+    """SDAR's modeling file imports `transformers.utils.LossKwargs` (a TypedDict used only in type hints), which
+    transformers removed in 4.54; alias it to its successor so the official file imports under 4.57."""
+    import transformers.utils as tu
+
+    if not hasattr(tu, "LossKwargs"):
+        from transformers.utils.generic import TransformersKwargs
+
+        tu.LossKwargs = TransformersKwargs
+        common.log.info("sdar: aliased transformers.utils.LossKwargs to TransformersKwargs for the remote code")
+
+
+def _load_remote(args: SpotArgs) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    common.require_trust(args, NAME)
+    common.require_remote_transformers(NAME)
+    for module, why in (("flash_attn", "its RMSNorm is flash-attn's triton kernel"), ("einops", "rearrange"),
+                        ("triton", "its fused loss module")):
+        if importlib.util.find_spec(module) is None:
+            raise SpotArgError(
+                f"spot-dlm: SDAR's remote code imports {module} at load ({why}): install it "
+                f"(pip install {module.replace('_', '-')}), or use impl=native (no remote code, no flash-attn)"
+            )
+    alias_loss_kwargs()
+    return AutoModelForCausalLM.from_pretrained(args.pretrained, dtype=common.torch_dtype(args),
+                                                trust_remote_code=True)
+
+
+class SDARProtocol:
+    """SDAR's official forward: bool mask [B, 1, Q, K] (True = attend), absolute positions, store_kv."""
+
+    def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+                cache: Any, store: bool) -> torch.Tensor:
+        kw: dict[str, Any] = {"use_cache": False}
+        if cache is not None:
+            kw = {"past_key_values": cache, "use_cache": True, "store_kv": store}
+        return model(input_ids=ids, attention_mask=allowed.unsqueeze(1), position_ids=positions, **kw).logits
+
+
+def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
+    tokenizer = common.load_tokenizer(args)
+    device = common.resolve_device(args.device)
+    model = (_load_native(args) if impl == "native" else _load_remote(args)).to(device).eval()
+    info = TargetInfo(
+        mask_id=common.resolve_mask_id(args, cfg, tokenizer),
+        stop_ids=common.resolve_stop_ids(args, cfg, tokenizer, common.generation_config(args.pretrained)),
+        block_len=common.resolve_block_len(args, cfg, DEFAULT_BLOCK_LEN),
+        grid_origin="zero",
+        exact_prefix_cache=True,
+        vocab_size=int(cfg["vocab_size"]),
+    )
+    adapter = BlockCausalAdapter(model, info) if impl == "native" else RemoteBlockCausalAdapter(model, info, SDARProtocol())
+    return common.LoadedTarget(adapter, tokenizer, NAME, impl)
