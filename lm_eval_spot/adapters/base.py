@@ -90,5 +90,7 @@ class TargetAdapter(Protocol):
         never masked)."""
         ...
 
+    # Optional: full_logits(prefix_ids, states) -> [R, L, V]: the same logits by a cache-free recomputation of
+    # [prefix ; state] (the self-check's reference for the prefix cache).
     # Optional: block_logits_many(items: list[(session, states)]) -> list[logits], several requests' states in as
     # few forwards as the adapter can (each request's logits equal its own block_logits; one NFE each).

@@ -146,6 +146,20 @@ class BlockCausalAdapter:
             )
         return out.logits.float()
 
+    def full_logits(self, prefix_ids: list[int], states: torch.Tensor) -> torch.Tensor:
+        """Reference: the active block's logits from ONE cache-free forward over [prefix ; state] per row with an
+        additive block-causal mask through the model's stock SDPA path (what `block_logits` must equal).
+        prefix_ids: whole blocks before the active block."""
+        R, L = states.shape
+        n = len(prefix_ids) + L
+        ids = torch.cat([torch.tensor(prefix_ids, dtype=torch.long).expand(R, -1), states.long()], 1)
+        p = torch.arange(n)
+        mask = allowed_to_additive(block_causal_allowed(p, p, L), self.dtype).unsqueeze(0).expand(R, -1, -1, -1)
+        with torch.no_grad():
+            out = self.model(input_ids=ids.to(self.device), position_ids=p.expand(R, -1).to(self.device),
+                             attention_mask=mask.to(self.device), use_cache=False, logits_to_keep=L)
+        return out.logits.float()
+
     def open(self, prompt_ids: list[int], gen_length: int | None = None) -> tuple[BlockCausalSession, list[int]]:
         """gen_length is not needed by a block-causal target (later blocks never influence earlier ones)."""
         L = self.info.block_len

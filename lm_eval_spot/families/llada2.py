@@ -87,3 +87,25 @@ def official_greedy_generate(model: torch.nn.Module, prompt_ids: list[int], gen_
     finally:
         del model._sample_with_temperature_topk_topp
     return out[0].tolist()
+
+
+def official_control(loaded: common.LoadedTarget, prompts: list[list[int]]) -> tuple[int, int] | str:
+    """Self-check row: our control against `official_greedy_generate` (see there); (identical, n) or why not."""
+    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+
+    ad = loaded.adapter
+    info = ad.info
+    eos = loaded.tokenizer.eos_token_id
+    if eos is None:
+        return "the tokenizer declares no eos id for generate()"
+    same = 0
+    for prompt in prompts:
+        L = info.block_len
+        n = 3 * L - len(prompt) % L  # end on a block boundary: generate() decodes its last block whole
+        off = official_greedy_generate(ad.model, prompt, n, L, info.mask_id, int(eos))
+        if off is None:
+            return "generate() hard-casts its mask to bfloat16: defined for dtype=bfloat16 only"
+        cut = next((i for i, t in enumerate(off) if t in info.stop_ids), len(off))
+        ours = decode(ad, prompt, DecodeConfig(max_gen_toks=n, temperature=0.0), seed=0)
+        same += ours.token_ids == off[:cut]
+    return same, len(prompts)

@@ -137,3 +137,9 @@ def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
     )
     adapter = BlockCausalAdapter(model, info) if impl == "native" else RemoteBlockCausalAdapter(model, info, SDARProtocol())
     return common.LoadedTarget(adapter, tokenizer, NAME, impl)
+
+
+def official_control(loaded: common.LoadedTarget, prompts: list[list[int]]) -> str:
+    return ("not defined: SDAR's block_diffusion_generate has no greedy mode whose positions follow the paper's rule "
+            "(its top_k=1 makes every confidence 1.0); the family tests use it as the reference for the forward "
+            "protocol only")
