@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ from tqdm import tqdm
 
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
-from lm_eval_spot.config import SpotArgs, parse_args
+from lm_eval_spot.config import LEARNED_MODES, SpotArgs, default_target_path, parse_args
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult
@@ -49,6 +50,14 @@ class SpotDLM(LM):
         loaded = load_target(self.args)
         self.adapter = loaded.adapter
         self.tokenizer = loaded.tokenizer
+        self.target = {"family": loaded.family, "impl": loaded.impl, "card": self.args.card,
+                       "block_len": self.adapter.info.block_len, "mask_id": self.adapter.info.mask_id,
+                       "stop_ids": sorted(self.adapter.info.stop_ids)}
+        if self.args.mode in LEARNED_MODES and self.args.drafter is None and \
+                Path(self.args.pretrained).resolve() != default_target_path().resolve():
+            log.warning("spot-dlm: mode=%s with the shipped drafter, which was trained on the embedded target, not "
+                        "on %s: outputs stay exact, but far fewer drafts are accepted than with a drafter trained "
+                        "for this target (python -m lm_eval_spot.drafter.train)", self.args.mode, self.args.pretrained)
         self.base_seed = self.args.seed if self.args.seed is not None else int(torch.initial_seed())
         self.oracle = self.args.mode == "oracle"
         self.proposer = build_proposer(self.args, self.adapter)
@@ -186,8 +195,10 @@ class SpotDLM(LM):
         summary = self.stats.summary()
         if self.paired is not None:
             summary.update(self.paired.summary())
+        summary.update({"family": self.target["family"], "impl": self.target["impl"]})
         return {
             "spot": summary,
+            "spot_target": self.target,
             "spot_args": {k: v for k, v in vars(self.args).items()},
         }
 

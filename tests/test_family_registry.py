@@ -1,0 +1,138 @@
+"""Family detection, forced families, implementations, version gates, the SDAR config map and weight checks,
+and interface-id resolution: every refusal is a one-line error naming what to do."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lm_eval_spot.config import SpotArgError, parse_args
+from lm_eval_spot.families import detect, load_target, names
+from lm_eval_spot.families.sdar import qwen3_config
+
+from remote_fixtures import SHARED, build_remote, needs_remote, needs_shared, save_checkpoint, tokenizer_mask_id
+
+
+def shared_config(folder: str) -> dict:
+    return json.loads((SHARED / folder / "config.json").read_text())
+
+
+@needs_shared
+@pytest.mark.parametrize("folder,family", [("sdar", "sdar"), ("llada2_moe", "llada2-moe")])
+def test_families_are_detected_from_the_checkpoint_config(folder, family):
+    assert detect(shared_config(folder), folder).name == family
+
+
+def test_the_embedded_target_is_a_native_block_causal_lm():
+    from lm_eval_spot.config import default_target_path
+
+    cfg = json.loads((default_target_path() / "config.json").read_text())
+    assert detect(cfg, "embedded").name == "hf-block-causal"
+
+
+@needs_shared
+@pytest.mark.parametrize("folder", ["llada", "dream"])
+def test_an_unknown_family_is_one_line_listing_the_supported_ones(folder):
+    with pytest.raises(SpotArgError) as err:
+        detect(shared_config(folder), f"/ckpt/{folder}")
+    msg = str(err.value)
+    assert "\n" not in msg and "is not a supported family" in msg
+    assert all(n in msg for n in names()) and "Adding a target family" in msg and "family=NAME" in msg
+
+
+def test_a_forced_unknown_family_is_refused(tmp_path):
+    from lm_eval_spot.families import by_name
+
+    with pytest.raises(SpotArgError, match="family='bogus' is not known; supported: sdar, llada2-moe, hf-block-causal"):
+        by_name("bogus")
+
+
+def test_impl_is_validated():
+    with pytest.raises(SpotArgError, match="impl='fast' is not known; accepted: native, remote"):
+        parse_args({"impl": "fast"})
+
+
+@pytest.fixture(scope="module")
+def sdar_dir(tmp_path_factory):
+    if not SHARED.is_dir():
+        pytest.skip("../shared is absent")
+    if needs_remote.args[0]:
+        pytest.skip("building the fixture needs the remote code (transformers 4.x)")
+    return save_checkpoint(build_remote("sdar", mask_token_id=tokenizer_mask_id()), tmp_path_factory.mktemp("sdar"))
+
+
+def test_llada2_has_no_native_path_and_remote_needs_trust(tmp_path):
+    if not SHARED.is_dir():
+        pytest.skip("../shared is absent")
+    (tmp_path / "config.json").write_text(json.dumps(shared_config("llada2_moe")))
+    with pytest.raises(SpotArgError, match="impl='native' is not available for family llada2-moe; accepted: remote"):
+        load_target(parse_args({"pretrained": str(tmp_path), "impl": "native"}))
+    with pytest.raises(SpotArgError, match="pass trust_remote_code=true"):
+        load_target(parse_args({"pretrained": str(tmp_path)}))
+    with pytest.raises(SpotArgError, match="attn_implementation='eager' is refused for LLaDA2.0-mini"):
+        load_target(parse_args({"pretrained": str(tmp_path), "trust_remote_code": True, "attn_implementation": "eager"}))
+
+
+def test_remote_under_transformers_5_stops_before_loading(sdar_dir, monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "5.24.0")
+    with pytest.raises(SpotArgError) as err:
+        load_target(parse_args({"pretrained": str(sdar_dir), "impl": "remote", "trust_remote_code": True}))
+    msg = str(err.value)
+    assert "\n" not in msg and "transformers 5.24.0" in msg and "transformers==4.57.*" in msg
+
+
+def test_sdar_config_fields_that_do_not_map_are_errors():
+    if not SHARED.is_dir():
+        pytest.skip("../shared is absent")
+    cfg = shared_config("sdar")
+    q = qwen3_config(cfg)
+    assert (q.hidden_size, q.num_key_value_heads, q.head_dim, q.rope_theta) == (64, 2, 16, 1000000)
+    assert q.use_sliding_window is False and q.tie_word_embeddings is False
+    with pytest.raises(SpotArgError, match="cannot map SDAR config field\\(s\\) moe_experts onto Qwen3"):
+        qwen3_config({**cfg, "moe_experts": 8})
+
+
+def test_sdar_weights_that_do_not_map_are_errors(sdar_dir, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(sdar_dir, broken)
+    weights = load_file(broken / "model.safetensors")
+    weights["model.layers.0.self_attn.extra.weight"] = weights.pop("model.layers.0.self_attn.q_norm.weight")
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(SpotArgError) as err:
+        load_target(parse_args({"pretrained": str(broken), "mode": "control"}))
+    msg = str(err.value)
+    assert "do not map onto Qwen3" in msg and "q_norm" in msg and "extra" in msg
+
+
+def test_mask_ids_that_disagree_need_an_explicit_choice(sdar_dir, tmp_path):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(sdar_dir, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["mask_token_id"] = 300
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpotArgError, match="mask_token_id=300 but its tokenizer's mask token is id"):
+        load_target(parse_args({"pretrained": str(other), "mode": "control"}))
+    loaded = load_target(parse_args({"pretrained": str(other), "mode": "control", "mask_id": 300,
+                                     "stop_ids": "0|5"}))
+    assert loaded.adapter.info.mask_id == 300 and loaded.adapter.info.stop_ids == frozenset({0, 5})
+
+
+def test_a_folder_without_a_tokenizer_is_a_clear_error(sdar_dir, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(sdar_dir, bare)
+    for f in bare.glob("tokenizer*"):
+        f.unlink()
+    (bare / "special_tokens_map.json").unlink()
+    with pytest.raises(SpotArgError, match="no tokenizer could be loaded"):
+        load_target(parse_args({"pretrained": str(bare), "mode": "control"}))
