@@ -41,6 +41,8 @@ def bytes_per_request(adapter: TargetAdapter, rows: int) -> int:
     logits = 3 * rows * L * V * 4
     acts = rows * L * (3 * inter + 6 * hidden) * elt
     kv = 2 * layers * ctx * kv_dim * elt
+    if getattr(adapter, "copies_prefix_per_row", False):  # the remote-code path concatenates the prefix per row
+        kv *= rows + 1
     return logits + acts + kv
 
 

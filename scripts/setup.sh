@@ -3,13 +3,15 @@
 # already importable there (system site-packages are visible) and otherwise the CPU build torch==2.13.0,
 # then this package with transformers 4.57.x (the version CI tests; SPOT_TRANSFORMERS=5.* picks another).
 # `bash scripts/setup.sh` installs it as users get it (non-editable);
-# `bash scripts/setup.sh test` installs it editable with the test extra.
+# `bash scripts/setup.sh test` installs it editable with the test extra. SPOT_VENV=DIR uses another folder
+# (CI builds a second one with SPOT_TRANSFORMERS=5.* to run the suite under transformers 5.x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv --system-site-packages .venv
+VENV="${SPOT_VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv --system-site-packages "$VENV"
 fi
-PY=.venv/bin/python
+PY="$VENV/bin/python"
 if "$PY" -c "import torch" 2>/dev/null; then
   echo "setup: keeping installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
 else

@@ -221,3 +221,46 @@ def test_llada2_moe_routing_is_per_token(official):
             assert torch.equal(picks[-1].view(1, 12, -1)[0], together[r])
     finally:
         hook.remove()
+
+
+@pytest.mark.parametrize("impl", ["native", "remote"])
+def test_sdar_official_generation_loop_forwards_equal_ours(official, loaded, impl):
+    """SDAR's official `block_diffusion_generate` (its generate.py) as the reference for the FORWARD PROTOCOL only:
+    it has no greedy mode whose positions follow the paper's rule (top_k=1 makes every confidence 1.0), so its
+    outputs are not compared with our control. Every denoising forward it makes (prefill with store_kv=True,
+    the block against the cache with store_kv=False, the finished block stored) is recorded, and our adapter
+    must give the same block logits for the same prefix and block state."""
+    import importlib.util
+
+    from remote_fixtures import SHARED
+
+    spec = importlib.util.spec_from_file_location("sdar_generate", SHARED / "sdar" / "generate.py")
+    gen_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_mod)
+    model, _ = official["sdar"]
+    ad = loaded("sdar", impl).adapter
+    L, mask = ad.info.block_len, ad.info.mask_id
+    calls = []
+
+    def record(mod, args, kwargs, out):
+        if kwargs.get("store_kv") is False:
+            calls.append((int(kwargs["position_ids"][0, 0]), args[0].clone(), out.logits.float().clone()))
+
+    prompt = torch.randint(5, 290, (1, 2 * L + 2), generator=torch.Generator().manual_seed(4))
+    hook = model.register_forward_hook(record, with_kwargs=True)
+    torch.manual_seed(0)
+    try:
+        x = gen_mod.block_diffusion_generate(model, {"input_ids": prompt}, mask, gen_length=3 * L, block_length=L,
+                                             denoising_steps=L, temperature=1.0,
+                                             remasking_strategy="low_confidence_static")
+    finally:
+        hook.remove()
+    assert len(calls) == 4 * L - 2  # every slot of the 4 decoded blocks but the prompt's 2 tail tokens
+    seq = x[0].tolist()
+    session, _ = ad.open(prompt[0].tolist())
+    block = session.block_start
+    for start, state, ref in calls:
+        while block < start:  # the official loop moved on: commit the block it finished
+            session.commit_block(torch.tensor(seq[block:block + L]))
+            block += L
+        torch.testing.assert_close(session.block_logits(state), ref, rtol=0, atol=1e-4)

@@ -91,7 +91,8 @@ def test_sdar_config_fields_that_do_not_map_are_errors():
         pytest.skip("../shared is absent")
     cfg = shared_config("sdar")
     q = qwen3_config(cfg)
-    assert (q.hidden_size, q.num_key_value_heads, q.head_dim, q.rope_theta) == (64, 2, 16, 1000000)
+    theta = getattr(q, "rope_parameters", None) or {"rope_theta": q.rope_theta}  # 5.x moved it into rope_parameters
+    assert (q.hidden_size, q.num_key_value_heads, q.head_dim, theta["rope_theta"]) == (64, 2, 16, 1000000)
     assert q.use_sliding_window is False and q.tie_word_embeddings is False
     with pytest.raises(SpotArgError, match="cannot map SDAR config field\\(s\\) moe_experts onto Qwen3"):
         qwen3_config({**cfg, "moe_experts": 8})
@@ -136,3 +137,38 @@ def test_a_folder_without_a_tokenizer_is_a_clear_error(sdar_dir, tmp_path):
     (bare / "special_tokens_map.json").unlink()
     with pytest.raises(SpotArgError, match="no tokenizer could be loaded"):
         load_target(parse_args({"pretrained": str(bare), "mode": "control"}))
+
+
+@needs_shared
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_sdar_native_path_without_any_remote_code(tmp_path, T):
+    """An SDAR-format checkpoint (SDAR's config.json, weights under SDAR's names) written WITHOUT the remote code,
+    so this also runs under transformers 5.x: the native path decodes exactly what a naive decoder recomputing the
+    whole sequence through transformers' stock Qwen3 forward gives."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+    from reference import reference_decode
+    from remote_fixtures import TOKENIZER, TOKENIZER_FILES
+
+    cfg = {**shared_config("sdar"), "mask_token_id": tokenizer_mask_id()}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(3)
+    ref_model = Qwen3ForCausalLM(Qwen3Config(**{k: cfg[k] for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings")},
+        tie_word_embeddings=False)).eval()
+    save_file({k: v.contiguous() for k, v in ref_model.state_dict().items()}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        shutil.copy(TOKENIZER / name, tmp_path / name)
+    loaded = load_target(parse_args({"pretrained": str(tmp_path), "mode": "control"}))
+    assert (loaded.family, loaded.impl, loaded.adapter.info.block_len) == ("sdar", "native", 4)
+    info = loaded.adapter.info
+    for prompt in ([9, 10, 11], list(range(30, 39))):
+        got = decode(loaded.adapter, prompt, DecodeConfig(max_gen_toks=13, temperature=T), seed=2)
+        ref, _ = reference_decode(ref_model, prompt, 4, info.mask_id, set(info.stop_ids), 13, T, seed=2)
+        assert got.token_ids == ref

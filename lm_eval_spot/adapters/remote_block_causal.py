@@ -107,7 +107,10 @@ class RemoteBlockCausalSession:
 
 
 class RemoteBlockCausalAdapter:
-    """Adapter over an official remote-code block-causal model (grid origin zero, exact prefix cache)."""
+    """Adapter over an official remote-code block-causal model (grid origin zero, exact prefix cache). Requests
+    decoded together (batch_size > 1) each run their own forwards here: outputs are the same, with no sharing."""
+
+    copies_prefix_per_row = True  # each forward materialises the prefix KV once per row (memory estimate)
 
     def __init__(self, model: torch.nn.Module, info: TargetInfo, protocol: CacheProtocol) -> None:
         if info.grid_origin != "zero":

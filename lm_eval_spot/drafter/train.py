@@ -68,14 +68,19 @@ def _atomic_save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def collect(out: Path, target: str | None, prompts: list[str], block_len: int | None, max_gen_toks: int) -> None:
-    """Control decoding at T=0 over the prompts; one trajectory shard per SHARD prompts (skipped if present)."""
+def collect(out: Path, target: str | None, prompts: list[str], block_len: int | None, max_gen_toks: int,
+            model_args: dict | None = None, chat: bool = False) -> None:
+    """Control decoding at T=0 over the prompts; one trajectory shard per SHARD prompts (skipped if present).
+    model_args: spot-dlm model args for the target (card=, trust_remote_code=, device=, dtype=, ...); chat: wrap
+    each prompt in the tokenizer's chat template as a user turn (as `lm_eval --apply_chat_template` does)."""
     from lm_eval_spot.config import parse_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.loading import load_target
 
-    raw = {"mode": "control", **({"pretrained": target} if target else {}), **({"block_len": block_len} if block_len else {})}
+    raw = {**(model_args or {}), "mode": "control", **({"pretrained": target} if target else {}),
+           **({"block_len": block_len} if block_len else {})}
     loaded = load_target(parse_args(raw))
+    target = target or (model_args or {}).get("pretrained") or (model_args or {}).get("card")
     adapter, tok = loaded.adapter, loaded.tokenizer
     shard_dir = out / "trajectories"
     shard_dir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +97,9 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
         for i, prompt in enumerate(chunk):
             sid = s * SHARD + i
             rec = TrajectoryRecorder(sid, block_offset=sid * 1000)
+            if chat:
+                prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                 add_generation_prompt=True)
             ids = tok(prompt, add_special_tokens=False)["input_ids"]
             decode(adapter, ids, cfg, seed=0, observer=rec)
             t = rec.result(adapter.info.mask_id)
@@ -235,6 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("step", choices=["collect", "train", "evaluate", "all"])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--target", default=None, help="target checkpoint folder (default: the embedded target)")
+    ap.add_argument("--model_args", default="", help="spot-dlm model args of the target, as for lm_eval "
+                    "(e.g. card=sdar-4b-chat,device=cuda,dtype=bfloat16)")
+    ap.add_argument("--apply-chat-template", action="store_true", help="prompts as chat user turns")
     ap.add_argument("--task", default="spot_arith")
     ap.add_argument("--prompts-file", default=None, help="JSONL with a 'prompt' field (instead of --task)")
     ap.add_argument("--n-prompts", type=int, default=1200)
@@ -271,8 +282,11 @@ def main(argv: list[str] | None = None) -> None:
     cfg = TrainConfig(steps=args.steps, batch=batch, minutes=args.minutes, seed=args.seed, model=model_cfg)
     t0 = time.time()
     if args.step in ("collect", "all"):
+        from lm_eval.utils import simple_parse_args_string
+
         collect(out, args.target, training_prompts(args.task, args.n_prompts, args.prompts_file), args.block_len,
-                args.max_gen_toks)
+                args.max_gen_toks, simple_parse_args_string(args.model_args) if args.model_args else {},
+                args.apply_chat_template)
     if args.step in ("train", "all"):
         train(out, cfg)
     if args.step in ("evaluate", "all", "train"):

@@ -58,9 +58,9 @@ def load_tokenizer(args: SpotArgs) -> Any:
     from transformers import AutoTokenizer
 
     source = args.tokenizer or args.pretrained
-    remote = {"trust_remote_code": True} if args.trust_remote_code else {}
     try:
-        return AutoTokenizer.from_pretrained(source, **remote)
+        # An explicit False: a checkpoint with custom code must not make transformers ask on stdin.
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as err:
         raise SpotArgError(
             f"spot-dlm: no tokenizer could be loaded from {source!r} ({type(err).__name__}); accepted: a folder with "

@@ -107,6 +107,11 @@ def _load_remote(args: SpotArgs) -> torch.nn.Module:
                 f"spot-dlm: SDAR's remote code imports {module} at load ({why}): install it "
                 f"(pip install {module.replace('_', '-')}), or use impl=native (no remote code, no flash-attn)"
             )
+    if common.resolve_device(args.device).type == "cuda" and args.dtype == "float32":
+        raise SpotArgError(
+            "spot-dlm: SDAR's remote code attends through flash_attn_func on CUDA, which takes float16 / bfloat16 "
+            "only; pass dtype=bfloat16 (or impl=native, which runs any dtype)"
+        )
     alias_loss_kwargs()
     return AutoModelForCausalLM.from_pretrained(args.pretrained, dtype=common.torch_dtype(args),
                                                 trust_remote_code=True)
