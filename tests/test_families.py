@@ -164,8 +164,8 @@ def test_sdar_native_and_remote_logits_agree(loaded, capsys):
     sr, _ = remote.open(prompt)
     for block in range(3):
         st = random_states(gen, 3, 4, native.info.mask_id, tail if block == 0 else [])
-        diff = (sn.block_logits(st) - sr.block_logits(st)).abs().max().item()
-        worst = max(worst, diff)
+        for _ in range(2):  # a block's first call (which writes the pending blocks) and a later one
+            worst = max(worst, (sn.block_logits(st) - sr.block_logits(st)).abs().max().item())
         st[st == native.info.mask_id] = 9
         sn.commit_block(st[0])
         sr.commit_block(st[0])

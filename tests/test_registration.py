@@ -82,6 +82,7 @@ def test_non_editable_wheel_works(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "lm_eval_spot.pth" in names
     assert "lm_eval_spot/tasks/spot_arith/spot_arith.yaml" in names
+    assert "lm_eval_spot/model_cards/sdar-4b-chat.md" in names and "lm_eval_spot/model_cards/llada2.0-mini.md" in names
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, timeout=300)
@@ -91,9 +92,12 @@ def test_non_editable_wheel_works(tmp_path):
             "import lm_eval_spot, json; from lm_eval_spot.registration import tasks_dir; "
             "from lm_eval.api.registry import get_model; from lm_eval.tasks import TaskManager; "
             "tm = TaskManager(include_defaults=False); "
+            "from lm_eval_spot.cards import cards_dir, load_card; "
             "print(json.dumps([lm_eval_spot.__file__, str(tasks_dir()), get_model('spot-dlm').__name__, "
-            "get_model('hf').__name__, 'spot_arith' in tm.all_tasks]))")
+            "get_model('hf').__name__, 'spot_arith' in tm.all_tasks, str(cards_dir()), "
+            "load_card('sdar-4b-chat-b32')['block_len']]))")
     out = py(code, "-S")
-    file_, tdir, name, hf, found = json.loads(out.strip().splitlines()[-1])
+    file_, tdir, name, hf, found, cdir, block = json.loads(out.strip().splitlines()[-1])
     assert file_.startswith(str(target)) and tdir.startswith(str(target))
+    assert cdir.startswith(str(target)) and block == 32
     assert (name, hf, found) == ("SpotDLM", "HFLM", True)
