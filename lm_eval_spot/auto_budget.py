@@ -100,8 +100,12 @@ def convex_fit(ys: list[float]) -> tuple[float, ...]:
     return tuple(y + shift for y in out)
 
 
-def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int = MAX_BUDGET, repeats: int = 9) -> CostModel:
+def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int = MAX_BUDGET, repeats: int = 9,
+                  gen_length: int = 256) -> CostModel:
     """Time the target on R replicas of a block (after a 2-block prefix) and the drafter on N states.
+
+    gen_length: the generation length the run uses. A fully bidirectional target recomputes its whole canvas
+    (prompt + gen_length rounded up to blocks) every forward, so its cost curve is measured at that canvas.
 
     Each size keeps its fastest repeat (after a warm-up): a job sharing the cores inflates some repeats at
     random; the minimum is the machine's cost. Every replica count is timed and the curve is then made convex
@@ -111,7 +115,7 @@ def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int
     info = adapter.info
     L = info.block_len
     filler = next(t for t in range(info.vocab_size) if t != info.mask_id and t not in info.stop_ids)
-    session, _ = adapter.open([filler] * (2 * L))
+    session, _ = adapter.open([filler] * (2 * L), gen_length)
     block = torch.full((L,), info.mask_id, dtype=torch.long)
     block[: L // 2] = filler
     session.block_logits(block[None])  # stores the prefix

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 proposers[(m, D)] = make_proposer(MethodSpec(m, D, args.gamma), drafter, graph)
     costs = None
     if args.auto:
-        costs = measure_costs(adapter, drafter)
+        costs = measure_costs(adapter, drafter, gen_length=args.max_gen_toks or 256)  # the canvas the run uses
         proposers[("spot", "auto")] = AutoBudgetProposer(LearnedOrder(drafter), TreeConfig(costs.max_budget), costs)
     keys = list(proposers) + [("oracle", D) for D in args.budgets if "oracle" in args.methods]
     docs = source.prompts

@@ -14,6 +14,7 @@ CHAIN_MODES = ("spot-chain", "free-chain")
 CONTROL_OPTIONS = ("none", "paired")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 IMPLS = ("native", "remote")
+CACHES = ("none", "approx")
 
 
 class SpotArgError(ValueError):
@@ -97,6 +98,9 @@ class SpotArgs:
     mask_id: int | None = None  # overrides the checkpoint's mask token id
     stop_ids: tuple[int, ...] | None = None  # overrides the checkpoint's eos / end-of-turn ids ("a|b|c")
     attn_implementation: str | None = None  # passed to transformers where a family allows a choice
+    # Bidirectional families: "none" recomputes the whole canvas every forward (exact); "approx" is Fast-dLLM's
+    # prefix cache (not lossless against full recomputation; SPOT stays exact relative to the cached control).
+    cache: str = "none"
 
 
 def accepted_args() -> list[str]:
@@ -122,6 +126,10 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         if str(raw["impl"]) not in IMPLS:
             raise SpotArgError(f"spot-dlm: impl={raw['impl']!r} is not known; accepted: {', '.join(IMPLS)}")
         args["impl"] = str(raw["impl"])
+    if raw.get("cache") is not None:
+        if str(raw["cache"]) not in CACHES:
+            raise SpotArgError(f"spot-dlm: cache={raw['cache']!r} is not known; accepted: {', '.join(CACHES)}")
+        args["cache"] = str(raw["cache"])
     if raw.get("mask_id") is not None:
         args["mask_id"] = _as_int("mask_id", raw["mask_id"], 0)
     if raw.get("stop_ids") is not None:

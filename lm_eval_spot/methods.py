@@ -64,7 +64,7 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> Proposer | None:
         from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
 
         assert drafter is not None
-        costs = measure_costs(adapter, drafter)
+        costs = measure_costs(adapter, drafter, gen_length=args.gen_length or 256)  # lm-eval's usual max_gen_toks
         cfg = TreeConfig(budget=costs.max_budget, chain=args.mode == "spot-chain")
         return AutoBudgetProposer(LearnedOrder(drafter), cfg, costs)
     assert isinstance(args.budget, int)

@@ -48,7 +48,7 @@ def tokenizer_mask_id() -> int:
 def build_remote(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, scale: float = 1.0, **overrides):
     """The official model class from ../shared/remote_code/<family> with random weights (seeded). `scale` multiplies
     the output head so that random logits are peaked (clear argmax margins, like a trained model's)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     if family == "sdar":
         add_test_stubs()
@@ -61,10 +61,12 @@ def build_remote(family: str, seed: int = 0, dtype: torch.dtype = torch.float32,
         setattr(cfg, k, v)
     torch.manual_seed(seed)
     kw = {"attn_implementation": "sdpa"} if family == "llada2_moe" else {}
-    model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=True, dtype=dtype, **kw).eval()
+    auto = AutoModel if family in ("llada", "dream") else AutoModelForCausalLM  # their official entry point
+    model = auto.from_config(cfg, trust_remote_code=True, dtype=dtype, **kw).eval()
     if scale != 1.0:
+        head = model.model.transformer.ff_out if family == "llada" else model.lm_head
         with torch.no_grad():
-            model.lm_head.weight.mul_(scale)
+            head.weight.mul_(scale)
     return model
 
 

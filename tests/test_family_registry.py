@@ -21,7 +21,8 @@ def shared_config(folder: str) -> dict:
 
 
 @needs_shared
-@pytest.mark.parametrize("folder,family", [("sdar", "sdar"), ("llada2_moe", "llada2-moe")])
+@pytest.mark.parametrize("folder,family", [("sdar", "sdar"), ("llada2_moe", "llada2-moe"), ("llada", "llada"),
+                                           ("dream", "dream")])
 def test_families_are_detected_from_the_checkpoint_config(folder, family):
     assert detect(shared_config(folder), folder).name == family
 
@@ -33,20 +34,18 @@ def test_the_embedded_target_is_a_native_block_causal_lm():
     assert detect(cfg, "embedded").name == "hf-block-causal"
 
 
-@needs_shared
-@pytest.mark.parametrize("folder", ["llada", "dream"])
-def test_an_unknown_family_is_one_line_listing_the_supported_ones(folder):
+def test_an_unknown_family_is_one_line_listing_the_supported_ones():
     with pytest.raises(SpotArgError) as err:
-        detect(shared_config(folder), f"/ckpt/{folder}")
+        detect({"model_type": "mamba_dlm", "architectures": ["MambaDLMForMaskedLM"]}, "/ckpt/mamba")
     msg = str(err.value)
-    assert "\n" not in msg and "is not a supported family" in msg
+    assert "\n" not in msg and "is not a supported family" in msg and "mamba_dlm" in msg
     assert all(n in msg for n in names()) and "Adding a target family" in msg and "family=NAME" in msg
 
 
 def test_a_forced_unknown_family_is_refused(tmp_path):
     from lm_eval_spot.families import by_name
 
-    with pytest.raises(SpotArgError, match="family='bogus' is not known; supported: sdar, llada2-moe, hf-block-causal"):
+    with pytest.raises(SpotArgError, match="family='bogus' is not known; supported: sdar, llada2-moe, llada, dream, hf-block-causal"):
         by_name("bogus")
 
 

@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from lm_eval_spot.config import SpotArgError, SpotArgs
-from lm_eval_spot.families import hf_causal, llada2, sdar
+from lm_eval_spot.families import dream, hf_causal, llada, llada2, sdar
 from lm_eval_spot.families.common import LoadedTarget, read_config
 
 
@@ -24,7 +24,7 @@ class Family:
 
 
 # Most specific first: `hf-block-causal` accepts any natively loadable causal LM, so it is the fallback.
-FAMILIES: tuple[Family, ...] = tuple(Family(m.NAME, m.IMPLS, m) for m in (sdar, llada2, hf_causal))
+FAMILIES: tuple[Family, ...] = tuple(Family(m.NAME, m.IMPLS, m) for m in (sdar, llada2, llada, dream, hf_causal))
 ADD_FAMILY_HINT = "see README.md, 'Adding a target family'"
 
 
@@ -56,6 +56,9 @@ def resolve(args: SpotArgs, cfg: dict[str, Any]) -> tuple[Family, str]:
     if impl not in fam.impls:
         raise SpotArgError(f"spot-dlm: impl={impl!r} is not available for family {fam.name}; accepted: "
                            f"{', '.join(fam.impls)}")
+    if args.cache == "approx" and not getattr(fam.module, "APPROX_CACHE", False):
+        raise SpotArgError(f"spot-dlm: cache=approx is for fully bidirectional families (llada, dream); family "
+                           f"{fam.name} is block-causal and its prefix cache is already exact: drop cache=approx")
     return fam, impl
 
 

@@ -143,3 +143,46 @@ def require_trust(args: SpotArgs, family: str) -> None:
             f"spot-dlm: impl=remote executes {family}'s official remote code from the checkpoint; pass "
             "trust_remote_code=true to allow it (or impl=native where the family has it)"
         )
+
+
+def map_fields(family: str, cfg: dict[str, Any], renamed: dict[str, str], required: dict[str, Any],
+               ignored: tuple[str, ...]) -> dict[str, Any]:
+    """Map a checkpoint config onto a transformers config's kwargs, field by field: `renamed` (source -> target
+    name), `required` (fields whose value the native path depends on: any other value is an error), `ignored`
+    (fields the forward never reads). Any other field, and any generic one, is an error, never skipped."""
+    from transformers import PretrainedConfig
+
+    generic = set(PretrainedConfig().to_dict())
+    unknown = sorted(k for k in cfg if k not in renamed and k not in required and k not in ignored and k not in generic)
+    if unknown:
+        raise SpotArgError(
+            f"spot-dlm: impl=native cannot map {family} config field(s) {', '.join(unknown)}; use impl=remote "
+            f"(trust_remote_code=true), or extend the map in lm_eval_spot/families/"
+        )
+    for key, want in required.items():
+        got = cfg.get(key, want)
+        if got != want and not (isinstance(want, tuple) and got in want):
+            raise SpotArgError(
+                f"spot-dlm: impl=native supports {family} checkpoints with {key}={want!r}, this one has {got!r}; "
+                "use impl=remote (trust_remote_code=true)"
+            )
+    return {dst: cfg[src] for src, dst in renamed.items() if src in cfg}
+
+
+def load_native_weights(cls: Any, args: SpotArgs, config: Any, family: str,
+                        key_mapping: dict[str, str] | None = None) -> torch.nn.Module:
+    """`cls.from_pretrained` with a mapped config (and weight names), refusing any weight that does not map."""
+    kw = {"key_mapping": key_mapping} if key_mapping else {}
+    try:
+        model, info = cls.from_pretrained(args.pretrained, config=config, dtype=torch_dtype(args),
+                                          output_loading_info=True, **kw)
+    except OSError as err:
+        raise SpotArgError(f"spot-dlm: the weights of pretrained={args.pretrained!r} could not be loaded ({err})") from None
+    problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys",
+                                                               "error_msgs")}
+    if problems:
+        detail = "; ".join(f"{k}: {', '.join(map(str, list(v)[:6]))}{' ...' if len(v) > 6 else ''}"
+                           for k, v in problems.items())
+        raise SpotArgError(f"spot-dlm: {family} weights do not map onto {cls.__name__} one to one ({detail}); "
+                           "use impl=remote")
+    return model

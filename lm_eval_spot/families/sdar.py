@@ -68,19 +68,8 @@ def qwen3_config(cfg: dict[str, Any]) -> Any:
 def _load_native(args: SpotArgs) -> torch.nn.Module:
     from transformers import Qwen3ForCausalLM
 
-    qcfg = qwen3_config(common.read_config(args.pretrained))
-    try:
-        model, info = Qwen3ForCausalLM.from_pretrained(
-            args.pretrained, config=qcfg, dtype=common.torch_dtype(args), output_loading_info=True)
-    except OSError as err:
-        raise SpotArgError(f"spot-dlm: the weights of pretrained={args.pretrained!r} could not be loaded ({err})") from None
-    problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys",
-                                                               "error_msgs")}
-    if problems:
-        detail = "; ".join(f"{k}: {', '.join(map(str, list(v)[:6]))}{' ...' if len(v) > 6 else ''}"
-                           for k, v in problems.items())
-        raise SpotArgError(f"spot-dlm: SDAR weights do not map onto Qwen3 one to one ({detail}); use impl=remote")
-    return model
+    return common.load_native_weights(Qwen3ForCausalLM, args, qwen3_config(common.read_config(args.pretrained)),
+                                      "SDAR")
 
 
 def alias_loss_kwargs() -> None:

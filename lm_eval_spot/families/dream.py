@@ -1,0 +1,83 @@
+"""Family `dream`: Dream-org's Dream-v0(-Instruct)-7B, fully bidirectional (model_type `Dream`, `DreamModel`).
+
+Its logits are SHIFTED: the prediction for position i is the raw output at i - 1; the adapter realigns them.
+- `native` (default): the weights in transformers' Qwen2 classes (same weight names; config mapped field by
+  field), run bidirectionally; transformers 4.57 and 5.x; the base of `cache=approx`.
+- `remote`: the official code (trust_remote_code), called as its generation does (`attention_mask="full"`, no
+  position ids, no cache); exact mode only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.bidirectional import BidirectionalAdapter, NativeCanvas
+from lm_eval_spot.config import SpotArgError, SpotArgs
+from lm_eval_spot.families import common
+
+NAME = "dream"
+IMPLS = ("native", "remote")
+DEFAULT_BLOCK_LEN = 32
+APPROX_CACHE = True  # cache=approx (Fast-dLLM prefix cache) on the native path
+
+SAME = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+        "attention_dropout", "tie_word_embeddings", "initializer_range", "bos_token_id", "eos_token_id",
+        "pad_token_id")
+REQUIRED = {"use_sliding_window": False}
+IGNORED = ("architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+           "mask_token_id", "use_cache", "sliding_window", "max_window_layers")
+
+
+def matches(cfg: dict[str, Any]) -> bool:
+    return str(cfg.get("model_type", "")).lower() == "dream" or "DreamModel" in (cfg.get("architectures") or [])
+
+
+def qwen2_config(cfg: dict[str, Any]) -> Any:
+    from transformers import Qwen2Config
+
+    kw = common.map_fields("Dream", cfg, {k: k for k in SAME}, REQUIRED, IGNORED)
+    out = Qwen2Config(**kw, use_sliding_window=False)
+    out.architectures = ["Qwen2ForCausalLM"]
+    return out
+
+
+class DreamRemote:
+    """The official forward as `diffusion_generate` calls it: the whole canvas, `attention_mask="full"`."""
+
+    shifted = True
+
+    def forward(self, model: torch.nn.Module, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return model(ids, attention_mask="full").logits[:, keep]
+
+
+def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
+    from transformers import AutoModel, Qwen2ForCausalLM
+
+    if impl == "remote" and args.cache == "approx":
+        raise SpotArgError("spot-dlm: cache=approx needs impl=native (the project's prefix attention)")
+    if impl == "remote":
+        common.require_trust(args, NAME)
+        common.require_remote_transformers(NAME)
+    tokenizer = common.load_tokenizer(args)
+    device = common.resolve_device(args.device)
+    if impl == "native":
+        model = common.load_native_weights(Qwen2ForCausalLM, args, qwen2_config(common.read_config(args.pretrained)),
+                                           "Dream")
+        protocol: Any = NativeCanvas(shifted=True)
+    else:
+        model = AutoModel.from_pretrained(args.pretrained, dtype=common.torch_dtype(args), trust_remote_code=True)
+        protocol = DreamRemote()
+    info = TargetInfo(
+        mask_id=common.resolve_mask_id(args, cfg, tokenizer),
+        stop_ids=common.resolve_stop_ids(args, cfg, tokenizer, common.generation_config(args.pretrained)),
+        block_len=common.resolve_block_len(args, cfg, DEFAULT_BLOCK_LEN),
+        grid_origin="prompt_end",
+        exact_prefix_cache=args.cache == "none",
+        vocab_size=int(cfg["vocab_size"]),
+    )
+    adapter = BidirectionalAdapter(model.to(device).eval(), info, protocol, cache=args.cache)
+    return common.LoadedTarget(adapter, tokenizer, NAME, impl)
