@@ -10,13 +10,16 @@ from lm_eval_spot.config import SpotArgError, parse_args
 
 def test_every_card_loads_and_validates():
     names = card_names()
-    assert {"sdar-1.7b-chat", "sdar-4b-chat", "sdar-8b-chat", "llada2.0-mini"} <= set(names)
+    assert {"sdar-1.7b-chat", "sdar-4b-chat", "sdar-8b-chat", "llada2.0-mini", "llada-8b-instruct",
+            "dream-v0-instruct-7b"} <= set(names)
     for size in ("1.7b", "4b", "8b"):
         for b in (8, 16, 32, 64):
             assert f"sdar-{size}-chat-b{b}" in names
     for name in names:
         card = load_card(name)
         assert card["block_len"] >= 1 and card["mask_id"] not in card["stop_ids"]
+        bidirectional = card["family"] in ("llada", "dream")
+        assert card["grid_origin"] == ("prompt_end" if bidirectional else "zero")
 
 
 def test_block_variants_override_hub_id_and_block_length():
@@ -37,7 +40,8 @@ def test_card_fills_defaults_and_explicit_args_win():
 
 
 def test_unknown_card_lists_the_known_ones():
-    with pytest.raises(SpotArgError, match="card='sdar-99b' is not known; accepted: llada2.0-mini, sdar-1.7b-chat"):
+    with pytest.raises(SpotArgError, match="card='sdar-99b' is not known; accepted: dream-v0-instruct-7b, "
+                                           "llada-8b-instruct, llada2.0-mini, sdar-1.7b-chat"):
         parse_args({"card": "sdar-99b"})
 
 

@@ -34,6 +34,10 @@ def fixtures(tmp_path_factory):
     root = tmp_path_factory.mktemp("check")
     save_checkpoint(build_remote("sdar", mask_token_id=tokenizer_mask_id()), root / "sdar")
     save_checkpoint(build_remote("llada2_moe", seed=1), root / "llada2")
+    from test_bidirectional import build
+
+    for fam in ("llada", "dream"):
+        save_checkpoint(build(fam, tokenizer_mask_id()), root / fam)
     return root
 
 
@@ -47,6 +51,14 @@ CASES = {
     "llada2-fp32": ("llada2", "trust_remote_code=true,block_len=8", {"control == official generation": "skip"}),
     "llada2-bf16": ("llada2", "trust_remote_code=true,block_len=8,dtype=bfloat16",
                     {"control == official generation": "pass"}),
+    "llada-native": ("llada", "trust_remote_code=true,block_len=4", {"native vs remote": "pass"}),
+    "llada-remote": ("llada", "impl=remote,trust_remote_code=true,block_len=4", {"native vs remote": "pass"}),
+    "llada-approx": ("llada", "cache=approx,trust_remote_code=true,block_len=4",
+                     {"cache == full recomputation": "warn", "native vs remote": "pass"}),
+    "dream-native": ("dream", "trust_remote_code=true,block_len=4", {"native vs remote": "pass"}),
+    "dream-remote": ("dream", "impl=remote,trust_remote_code=true,block_len=4",
+                     {"control == official generation": "pass"}),
+    "dream-approx": ("dream", "cache=approx,block_len=4", {"cache == full recomputation": "warn"}),
 }
 
 
@@ -61,7 +73,7 @@ def test_check_passes_on_every_fixture_family(fixtures, tmp_path, case, capsys):
     status = {r["name"]: r["status"] for r in data["rows"]}
     for name in ("cache == full recomputation", "pure (prefix unchanged by replica forwards)",
                  "SPOT == control, T=0", "SPOT == control, T=1"):
-        assert status[name] == "pass", printed
+        assert status[name] == expect.get(name, "pass"), printed
     for name, want in expect.items():
         assert status[name] == want, printed
 

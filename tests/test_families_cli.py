@@ -40,3 +40,30 @@ def test_lm_eval_cli_runs_an_sdar_checkpoint(sdar_dir, tmp_path, impl, monkeypat
     spot = data["config"]["spot"]
     assert spot["family"] == "sdar" and spot["impl"] == impl and spot["samples"] == 2
     assert spot["exact_match_to_control"] == 1.0 and spot["prefix_cache"] == "exact"
+
+
+@pytest.fixture(scope="module")
+def bidirectional_dirs(tmp_path_factory):
+    from test_bidirectional import build
+
+    return {fam: save_checkpoint(build(fam, tokenizer_mask_id()), tmp_path_factory.mktemp(fam))
+            for fam in ("llada", "dream")}
+
+
+@pytest.mark.parametrize("fam,extra,cache", [
+    ("llada", "", "exact"), ("dream", ",impl=remote,trust_remote_code=true", "exact"), ("dream", ",cache=approx", "approximate")])
+def test_lm_eval_cli_runs_a_bidirectional_checkpoint(bidirectional_dirs, tmp_path, fam, extra, cache):
+    out = run_cli(
+        ["--model", "spot-dlm", "--model_args",
+         f"pretrained={bidirectional_dirs[fam]},mode=spot,budget=4,block_len=32,control=paired{extra}",
+         "--tasks", "spot_arith_mini", "--limit", "2", "--device", "cpu",
+         "--gen_kwargs", "max_gen_toks=12", "--output_path", str(tmp_path / "out")],
+        cwd=tmp_path,
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-4000:]
+    data = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+    spot = data["config"]["spot"]
+    assert spot["family"] == fam and spot["prefix_cache"] == cache and spot["exact_match_to_control"] == 1.0
+    if cache == "approximate":
+        assert "approximate prefix cache: not lossless against full recomputation" in log

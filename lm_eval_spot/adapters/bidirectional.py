@@ -106,6 +106,19 @@ class BidirectionalSession:
         self._kv, self._mask_logits = ad.full_forward_with_cache(self._canvas(masks), ad.cached_len(self.block_start),
                                                                  keep)
 
+    def full_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """Reference: the whole canvas recomputed (what exact mode's `block_logits` is; what `cache=approx`
+        approximates). Counts no NFE: it is for checks, not decoding."""
+        ad = self._adapter
+        keep = raw_positions(self.block_start, ad.info.block_len, ad.protocol.shifted)
+        if ad.cache == "approx":  # the project's attention function serves whole canvases too (no PrefixPass)
+            N = self.canvas_len
+            zeros = torch.zeros(N, N, dtype=ad.dtype, device=ad.device)
+            return ad._run(self._canvas(states), torch.arange(N).expand(states.shape[0], -1),
+                           PrefixPass([(0, states.shape[0], None)], zeros), keep)
+        with torch.no_grad():
+            return ad.protocol.forward(ad.model, self._canvas(states).to(ad.device), keep.to(ad.device)).float()
+
     def commit_block(self, block: torch.Tensor) -> None:
         if block.shape[0] != self._adapter.info.block_len:
             raise ValueError("commit_block takes one complete block")

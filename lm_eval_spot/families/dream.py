@@ -81,3 +81,36 @@ def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
     )
     adapter = BidirectionalAdapter(model.to(device).eval(), info, protocol, cache=args.cache)
     return common.LoadedTarget(adapter, tokenizer, NAME, impl)
+
+
+def official_control(loaded: common.LoadedTarget, prompts: list[list[int]]) -> tuple[int, int] | str:
+    """Self-check row: our control against the checkpoint's own `diffusion_generate` at T=0 (alg='maskgit_plus',
+    steps = generation length, our block = the whole canvas). Two arguments make its schedule one commit per
+    step (eps=-1e-6: the default rounds every step's count to 0 but the last; top_k=None: its config otherwise
+    inherits transformers' top_k=50), and the mask token's logit is set to -inf during the call, as the decoder
+    never commits it. Needs impl=remote (diffusion_generate ships with the remote code)."""
+    from dataclasses import replace
+
+    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+
+    ad = loaded.adapter
+    if not hasattr(ad.model, "diffusion_generate"):
+        return "needs impl=remote (diffusion_generate ships with the checkpoint's remote code)"
+    if ad.cache != "none":
+        return "defined for the exact mode only (cache=none)"
+    n, mask = 2 * ad.info.block_len, ad.info.mask_id
+    one_block = BidirectionalAdapter(ad.model, replace(ad.info, block_len=n), ad.protocol)
+    hook = ad.model.register_forward_hook(lambda m, a, out: out.logits.__setitem__((Ellipsis, mask), float("-inf")))
+    same = 0
+    try:
+        for prompt in prompts:
+            out = ad.model.diffusion_generate(torch.tensor([prompt], device=ad.device), max_new_tokens=n, steps=n,
+                                              alg="maskgit_plus", temperature=0.0, top_k=None, top_p=None,
+                                              eps=-1e-6, mask_token_id=mask)
+            seq = out.sequences if hasattr(out, "sequences") else out
+            off = seq[0, len(prompt):].tolist()
+            ours = decode(one_block, prompt, DecodeConfig(max_gen_toks=n, temperature=0.0), seed=0).token_ids
+            same += ours == off[: len(ours)]
+    finally:
+        hook.remove()
+    return same, len(prompts)

@@ -108,3 +108,8 @@ def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
     )
     adapter = BidirectionalAdapter(model.to(device).eval(), info, protocol, cache=args.cache)
     return common.LoadedTarget(adapter, tokenizer, NAME, impl)
+
+
+def official_control(loaded: common.LoadedTarget, prompts: list[list[int]]) -> str:
+    return ("not in the checkpoint: LLaDA's official generate() lives in the ML-GSAI/LLaDA repository (the family "
+            "tests compare our control with it token for token)")
