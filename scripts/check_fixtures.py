@@ -1,4 +1,4 @@
-"""Run `python -m lm_eval_spot.check` on tiny random-weight checkpoints of every block-causal family, built from
+"""Run `python -m lm_eval_spot.check` on tiny random-weight checkpoints of every fixture family, built from
 the official remote code in ../shared/remote_code (needs ../shared and transformers 4.57.x; the numbers in
 docs/families.md come from this script). Usage: python scripts/check_fixtures.py [--out DIR]"""
 
@@ -25,11 +25,19 @@ def main() -> int:
     add_test_stubs()  # TEST-ONLY flash_attn stand-in: SDAR's remote code imports flash_attn
     save_checkpoint(build_remote("sdar", mask_token_id=tokenizer_mask_id()), root / "sdar")
     save_checkpoint(build_remote("llada2_moe", seed=1), root / "llada2")
+    from test_bidirectional import build  # the fixture tweaks for the bidirectional families (see there)
+
+    for fam in ("llada", "dream"):
+        save_checkpoint(build(fam, tokenizer_mask_id()), root / fam)
     runs = {
         "sdar-native": f"pretrained={root / 'sdar'},trust_remote_code=true",
         "sdar-remote": f"pretrained={root / 'sdar'},impl=remote,trust_remote_code=true",
         "llada2-fp32": f"pretrained={root / 'llada2'},trust_remote_code=true,block_len=8",
         "llada2-bf16": f"pretrained={root / 'llada2'},trust_remote_code=true,block_len=8,dtype=bfloat16",
+        "llada-native": f"pretrained={root / 'llada'},trust_remote_code=true,block_len=8",
+        "llada-approx": f"pretrained={root / 'llada'},cache=approx,block_len=8",
+        "dream-remote": f"pretrained={root / 'dream'},impl=remote,trust_remote_code=true,block_len=8",
+        "dream-approx": f"pretrained={root / 'dream'},cache=approx,block_len=8",
     }
     worst = 0
     for name, model_args in runs.items():

@@ -171,3 +171,67 @@ def test_sdar_native_path_without_any_remote_code(tmp_path, T):
         got = decode(loaded.adapter, prompt, DecodeConfig(max_gen_toks=13, temperature=T), seed=2)
         ref, _ = reference_decode(ref_model, prompt, 4, info.mask_id, set(info.stop_ids), 13, T, seed=2)
         assert got.token_ids == ref
+
+
+@needs_shared
+@pytest.mark.parametrize("fam", ["llada", "dream"])
+def test_bidirectional_native_paths_without_any_remote_code(tmp_path, fam):
+    """LLaDA / Dream checkpoints (their config.json, weights under their own names) written WITHOUT the remote code,
+    so this also runs under transformers 5.x: block logits equal a whole-canvas forward of transformers' stock
+    class with an all-zero 4D mask (Dream's realigned by one), and SPOT equals control."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+    from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
+    from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+    from remote_fixtures import TOKENIZER, TOKENIZER_FILES
+
+    mask = tokenizer_mask_id()
+    cfg = {**shared_config(fam), "mask_token_id": mask}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(4)
+    if fam == "dream":
+        ref = Qwen2ForCausalLM(Qwen2Config(**{k: cfg[k] for k in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "rms_norm_eps", "rope_theta", "max_position_embeddings")})).eval()
+        weights = dict(ref.state_dict())
+    else:
+        ref = LlamaForCausalLM(LlamaConfig(vocab_size=cfg["embedding_size"], hidden_size=cfg["d_model"],
+                                           intermediate_size=cfg["mlp_hidden_size"], num_hidden_layers=cfg["n_layers"],
+                                           num_attention_heads=cfg["n_heads"], num_key_value_heads=cfg["n_kv_heads"],
+                                           rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg["rope_theta"])).eval()
+        names = {"self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",
+                 "self_attn.o_proj": "attn_out", "mlp.gate_proj": "ff_proj", "mlp.up_proj": "up_proj",
+                 "mlp.down_proj": "ff_out", "input_layernorm": "attn_norm", "post_attention_layernorm": "ff_norm"}
+        weights = {}
+        for k, v in ref.state_dict().items():  # Llama names -> LLaDA's own (written here, independently)
+            if k.startswith("model.layers."):
+                i, rest = k[len("model.layers."):].split(".", 1)
+                sub, leaf = rest.rsplit(".", 1)
+                weights[f"model.transformer.blocks.{i}.{names[sub]}.{leaf}"] = v
+            else:
+                weights[{"model.embed_tokens.weight": "model.transformer.wte.weight", "model.norm.weight":
+                         "model.transformer.ln_f.weight", "lm_head.weight": "model.transformer.ff_out.weight"}[k]] = v
+    save_file({k: v.contiguous() for k, v in weights.items()}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        shutil.copy(TOKENIZER / name, tmp_path / name)
+    loaded = load_target(parse_args({"pretrained": str(tmp_path), "mode": "control", "block_len": 4}))
+    assert (loaded.family, loaded.impl, loaded.adapter.info.grid_origin) == (fam, "native", "prompt_end")
+    ad = loaded.adapter
+    prompt = [9, 10, 11, 12, 13]
+    session, _ = ad.open(prompt, 8)
+    st = torch.tensor([[mask, 40, mask, mask], [41, 42, mask, 43]])
+    got = session.block_logits(st)
+    canvas = torch.cat([torch.tensor(prompt).expand(2, -1), st, torch.full((2, 4), mask)], 1)
+    with torch.no_grad():
+        raw = ref(input_ids=canvas, attention_mask=torch.zeros(2, 1, 13, 13)).logits
+    want = raw[:, 4:8] if fam == "dream" else raw[:, 5:9]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    torch.manual_seed(0)
+    prop = SpotProposer(FactoredOrderModel(FactoredConfig()), TreeConfig(budget=4))
+    for T in (0.0, 1.0):
+        cfg_ = DecodeConfig(max_gen_toks=10, temperature=T)
+        assert decode(ad, prompt, cfg_, seed=3, proposer=prop).token_ids == decode(ad, prompt, cfg_, seed=3).token_ids

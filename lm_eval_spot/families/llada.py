@@ -42,7 +42,10 @@ KEY_MAPPING = {
     r"^model\.transformer\.wte\.": "model.embed_tokens.",
     r"^model\.transformer\.ln_f\.": "model.norm.",
     r"^model\.transformer\.ff_out\.": "lm_head.",
-    r"^model\.transformer\.blocks\.(\d+)\.(q_proj|k_proj|v_proj)\.": r"model.layers.\1.self_attn.\2.",
+    # One capture group per pattern: transformers 5.x substitutes only the first.
+    r"^model\.transformer\.blocks\.(\d+)\.q_proj\.": r"model.layers.\1.self_attn.q_proj.",
+    r"^model\.transformer\.blocks\.(\d+)\.k_proj\.": r"model.layers.\1.self_attn.k_proj.",
+    r"^model\.transformer\.blocks\.(\d+)\.v_proj\.": r"model.layers.\1.self_attn.v_proj.",
     r"^model\.transformer\.blocks\.(\d+)\.attn_out\.": r"model.layers.\1.self_attn.o_proj.",
     r"^model\.transformer\.blocks\.(\d+)\.ff_proj\.": r"model.layers.\1.mlp.gate_proj.",
     r"^model\.transformer\.blocks\.(\d+)\.up_proj\.": r"model.layers.\1.mlp.up_proj.",
