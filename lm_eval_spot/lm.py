@@ -32,6 +32,14 @@ log = logging.getLogger("lm_eval.spot")
 DEFAULT_MAX_GEN_TOKS = 256
 
 
+def _sample_entry(context: str, r: DecodeResult) -> dict[str, Any]:
+    """One request's statistics, keyed as lm-eval keys its samples file (`prompt_hash` = hash of the context)."""
+    from lm_eval.utils import hash_string
+
+    return {"prompt_hash": hash_string(context), "nfe": r.nfe.total, "gen_tokens": len(r.token_ids),
+            "rounds": r.rounds, "wall_s": round(r.wall_s, 6), "stop_reason": r.stop_reason}
+
+
 @dataclass(frozen=True)
 class _Job:
     context: str
@@ -69,6 +77,8 @@ class SpotDLM(LM):
         paired = drafting and (self.args.control == "paired" or self.oracle)
         self.paired = PairedStats() if paired else None
         self._auto_bs: int | None = None
+        # Per request, in lm-eval's request order: joined with its samples file by `prompt_hash` (compare.py).
+        self.sample_log: list[dict[str, Any]] = []
         if self.args.batch_invariant and self.args.batch_size not in (1, "auto"):
             log.info("batch_invariant=true: requests are decoded one at a time (batch_size=%s ignored)",
                      self.args.batch_size)
@@ -98,6 +108,7 @@ class SpotDLM(LM):
             for k, (job, (text, result)) in enumerate(zip(chunk, self._generate_chunk(chunk, c % 2 == 1), strict=True)):
                 out[start + k] = text
                 self._record(result, job.cfg.temperature)
+                self.sample_log.append(_sample_entry(job.context, result))
                 self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
                 bar.update(1)
             bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
@@ -199,6 +210,7 @@ class SpotDLM(LM):
         return {
             "spot": summary,
             "spot_target": self.target,
+            "spot_samples": self.sample_log,
             "spot_args": {k: v for k, v in vars(self.args).items()},
         }
 
