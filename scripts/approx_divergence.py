@@ -33,7 +33,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(5, 290, (int(torch.randint(3, 20, (1,), generator=gen)),), generator=gen).tolist()
                for _ in range(a.n)]
-    print(f"| family | T | generations differing | first differing position (median, min) | n |")
+    print("| family | T | generations differing | first differing position (median, min) | n |")
     print("|---|---|---|---|---|")
     for fam in ("llada", "dream"):
         path = save_checkpoint(build(fam, tokenizer_mask_id()), root / fam)
