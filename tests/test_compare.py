@@ -13,7 +13,7 @@ from lm_eval_spot import compare
 
 from test_cli_e2e import run_cli
 
-LIMIT = 6
+LIMIT = 5
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def four_runs(tmp_path_factory):
     for mode in ("control", "spot"):
         for T in (0, 1):
             out = root / f"{mode}_T{T}"
-            gen = "max_gen_toks=160" + (",temperature=1.0,do_sample=true" if T else "")
+            gen = "max_gen_toks=96" + (",temperature=1.0,do_sample=true" if T else "")
             done = run_cli(["--model", "spot-dlm", "--model_args", f"mode={mode},seed=3", "--tasks", "spot_arith",
                             "--limit", str(LIMIT), "--device", "cpu", "--gen_kwargs", gen, "--log_samples",
                             "--output_path", str(out)], cwd=root)
