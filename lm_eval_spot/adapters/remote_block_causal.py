@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 import torch
 
-from lm_eval_spot.adapters.base import NFECounter, TargetInfo
+from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.block_causal import BlockCausalSession
+from lm_eval_spot.adapters.prefix_attention import KV
 from lm_eval_spot.masks import block_causal_allowed
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, P, head_dim]
 
 
 class CacheProtocol(Protocol):
@@ -54,23 +54,9 @@ def cache_kv(cache: Any, length: int) -> KV:
     return [(k[:1, :, :length].clone(), v[:1, :, :length].clone()) for k, v in pairs]
 
 
-class RemoteBlockCausalSession:
-    """One request: stored prefix KV, pending complete blocks, NFE counter (see `BlockCausalSession`)."""
-
-    def __init__(self, adapter: RemoteBlockCausalAdapter, pending: list[int]) -> None:
-        self._adapter = adapter
-        self._kv: KV | None = None
-        self._len = 0
-        self._pending = list(pending)
-        self.nfe = NFECounter()
-
-    @property
-    def block_start(self) -> int:
-        return self._len + len(self._pending)
-
-    @property
-    def has_pending(self) -> bool:
-        return bool(self._pending)
+class RemoteBlockCausalSession(BlockCausalSession):
+    """One request: stored prefix KV, pending complete blocks, NFE counter (`BlockCausalSession`'s bookkeeping;
+    only the forward differs)."""
 
     def allowed(self, P: int, L: int) -> torch.Tensor:
         """Bool [P + L, cached + P + L]: every new token sees the whole cached prefix; pending blocks see each
@@ -99,12 +85,6 @@ class RemoteBlockCausalSession:
             self._len, self._pending = self._len + P, []
         self.nfe.rounds += 1
         return logits[:, P:].float()
-
-    def commit_block(self, block: torch.Tensor) -> None:
-        if block.shape[0] != self._adapter.info.block_len:
-            raise ValueError("commit_block takes one complete block")
-        self._pending.extend(block.tolist())
-
 
 class RemoteBlockCausalAdapter:
     """Adapter over an official remote-code block-causal model (grid origin zero, exact prefix cache). Requests

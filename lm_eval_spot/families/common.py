@@ -137,6 +137,27 @@ def require_remote_transformers(family: str) -> None:
         )
 
 
+def require_remote(args: SpotArgs, family: str) -> None:
+    """impl=remote: the user allowed the checkpoint's code, and the installed transformers can run it."""
+    require_trust(args, family)
+    require_remote_transformers(family)
+
+
+def target_info(args: SpotArgs, cfg: dict[str, Any], tokenizer: Any, *, default_block: int | None,
+                grid_origin: str, exact: bool, vocab_size: int) -> Any:
+    """A family's TargetInfo: ids and block length from the model args (or card), else the checkpoint."""
+    from lm_eval_spot.adapters.base import TargetInfo
+
+    return TargetInfo(
+        mask_id=resolve_mask_id(args, cfg, tokenizer),
+        stop_ids=resolve_stop_ids(args, cfg, tokenizer, generation_config(args.pretrained)),
+        block_len=resolve_block_len(args, cfg, default_block),
+        grid_origin=grid_origin,  # type: ignore[arg-type]
+        exact_prefix_cache=exact,
+        vocab_size=int(vocab_size),
+    )
+
+
 def require_trust(args: SpotArgs, family: str) -> None:
     if not args.trust_remote_code:
         raise SpotArgError(

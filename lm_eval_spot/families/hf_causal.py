@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.config import SpotArgError, SpotArgs
 from lm_eval_spot.families import common
@@ -35,12 +34,6 @@ def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
     model = model.to(device)
     if args.block_len is None and cfg.get("block_length") is None and cfg.get("block_size") is None:
         common.log.warning("checkpoint declares no block length: using block_len=%d", DEFAULT_BLOCK_LEN)
-    info = TargetInfo(
-        mask_id=common.resolve_mask_id(args, cfg, tokenizer),
-        stop_ids=common.resolve_stop_ids(args, cfg, tokenizer, common.generation_config(args.pretrained)),
-        block_len=common.resolve_block_len(args, cfg, DEFAULT_BLOCK_LEN),
-        grid_origin="zero",
-        exact_prefix_cache=True,
-        vocab_size=int(model.config.vocab_size),
-    )
+    info = common.target_info(args, cfg, tokenizer, default_block=DEFAULT_BLOCK_LEN, grid_origin="zero",
+                              exact=True, vocab_size=model.config.vocab_size)
     return common.LoadedTarget(BlockCausalAdapter(model, info), tokenizer, NAME, "native")

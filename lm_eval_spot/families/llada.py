@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.bidirectional import BidirectionalAdapter, NativeCanvas
 from lm_eval_spot.config import SpotArgError, SpotArgs
 from lm_eval_spot.families import common
@@ -90,25 +89,18 @@ def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
     if impl == "remote" and args.cache == "approx":
         raise SpotArgError("spot-dlm: cache=approx needs impl=native: LLaDA's remote code refuses any cache")
     if impl == "remote":
-        common.require_trust(args, NAME)
-        common.require_remote_transformers(NAME)
+        common.require_remote(args, NAME)
     tokenizer = common.load_tokenizer(args)
     device = common.resolve_device(args.device)
     if impl == "native":
-        model = common.load_native_weights(LlamaForCausalLM, args, llama_config(common.read_config(args.pretrained)),
+        model = common.load_native_weights(LlamaForCausalLM, args, llama_config(cfg),
                                            "LLaDA", KEY_MAPPING)
         protocol: Any = NativeCanvas(shifted=False)
     else:
         model = AutoModel.from_pretrained(args.pretrained, dtype=common.torch_dtype(args), trust_remote_code=True)
         protocol = LLaDARemote()
-    info = TargetInfo(
-        mask_id=common.resolve_mask_id(args, cfg, tokenizer),
-        stop_ids=common.resolve_stop_ids(args, cfg, tokenizer, common.generation_config(args.pretrained)),
-        block_len=common.resolve_block_len(args, cfg, DEFAULT_BLOCK_LEN),
-        grid_origin="prompt_end",
-        exact_prefix_cache=args.cache == "none",
-        vocab_size=logits_width(cfg),
-    )
+    info = common.target_info(args, cfg, tokenizer, default_block=DEFAULT_BLOCK_LEN, grid_origin="prompt_end",
+                              exact=args.cache == "none", vocab_size=logits_width(cfg))
     adapter = BidirectionalAdapter(model.to(device).eval(), info, protocol, cache=args.cache)
     return common.LoadedTarget(adapter, tokenizer, NAME, impl)
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.remote_block_causal import RemoteBlockCausalAdapter
 from lm_eval_spot.config import SpotArgError, SpotArgs
 from lm_eval_spot.families import common
@@ -45,22 +44,15 @@ def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
             f"spot-dlm: attn_implementation={args.attn_implementation!r} is refused for LLaDA2.0-mini: its eager "
             "path inverts 4D masks (measured); accepted: sdpa (the default)"
         )
-    common.require_trust(args, NAME)
-    common.require_remote_transformers(NAME)
+    common.require_remote(args, NAME)
     tokenizer = common.load_tokenizer(args)
     device = common.resolve_device(args.device)
     model = AutoModelForCausalLM.from_pretrained(args.pretrained, dtype=common.torch_dtype(args),
                                                  trust_remote_code=True, attn_implementation="sdpa")
     if model.config._attn_implementation != "sdpa":
         raise SpotArgError("spot-dlm: LLaDA2.0-mini did not load with SDPA attention; its 4D mask needs it")
-    info = TargetInfo(
-        mask_id=common.resolve_mask_id(args, cfg, tokenizer),
-        stop_ids=common.resolve_stop_ids(args, cfg, tokenizer, common.generation_config(args.pretrained)),
-        block_len=common.resolve_block_len(args, cfg, DEFAULT_BLOCK_LEN),
-        grid_origin="zero",
-        exact_prefix_cache=True,
-        vocab_size=int(cfg["vocab_size"]),
-    )
+    info = common.target_info(args, cfg, tokenizer, default_block=DEFAULT_BLOCK_LEN, grid_origin="zero",
+                              exact=True, vocab_size=cfg["vocab_size"])
     adapter = RemoteBlockCausalAdapter(model.to(device).eval(), info, LLaDA2Protocol())
     return common.LoadedTarget(adapter, tokenizer, NAME, "remote")
 

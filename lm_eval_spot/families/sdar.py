@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.adapters.remote_block_causal import RemoteBlockCausalAdapter
 from lm_eval_spot.config import SpotArgError, SpotArgs
@@ -65,10 +64,10 @@ def qwen3_config(cfg: dict[str, Any]) -> Any:
     return out
 
 
-def _load_native(args: SpotArgs) -> torch.nn.Module:
+def _load_native(args: SpotArgs, cfg: dict[str, Any]) -> torch.nn.Module:
     from transformers import Qwen3ForCausalLM
 
-    return common.load_native_weights(Qwen3ForCausalLM, args, qwen3_config(common.read_config(args.pretrained)),
+    return common.load_native_weights(Qwen3ForCausalLM, args, qwen3_config(cfg),
                                       "SDAR")
 
 
@@ -87,8 +86,7 @@ def alias_loss_kwargs() -> None:
 def _load_remote(args: SpotArgs) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    common.require_trust(args, NAME)
-    common.require_remote_transformers(NAME)
+    common.require_remote(args, NAME)
     for module, why in (("flash_attn", "its RMSNorm is flash-attn's triton kernel"), ("einops", "rearrange"),
                         ("triton", "its fused loss module")):
         if importlib.util.find_spec(module) is None:
@@ -120,15 +118,9 @@ class SDARProtocol:
 def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
     tokenizer = common.load_tokenizer(args)
     device = common.resolve_device(args.device)
-    model = (_load_native(args) if impl == "native" else _load_remote(args)).to(device).eval()
-    info = TargetInfo(
-        mask_id=common.resolve_mask_id(args, cfg, tokenizer),
-        stop_ids=common.resolve_stop_ids(args, cfg, tokenizer, common.generation_config(args.pretrained)),
-        block_len=common.resolve_block_len(args, cfg, DEFAULT_BLOCK_LEN),
-        grid_origin="zero",
-        exact_prefix_cache=True,
-        vocab_size=int(cfg["vocab_size"]),
-    )
+    model = (_load_native(args, cfg) if impl == "native" else _load_remote(args)).to(device).eval()
+    info = common.target_info(args, cfg, tokenizer, default_block=DEFAULT_BLOCK_LEN, grid_origin="zero",
+                              exact=True, vocab_size=cfg["vocab_size"])
     adapter = BlockCausalAdapter(model, info) if impl == "native" else RemoteBlockCausalAdapter(model, info, SDARProtocol())
     return common.LoadedTarget(adapter, tokenizer, NAME, impl)
 
