@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
 from lm_eval_spot.loading import load_target
 from lm_eval_spot.methods import build_proposer
 from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary
@@ -55,9 +55,14 @@ class SpotDLM(LM):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         self.args: SpotArgs = parse_args(kwargs)  # raises before anything is loaded
+        self.ranks: Ranks = detect_ranks(self.args.device)
+        self._rank, self._world_size = self.ranks.rank, self.ranks.world_size
+        if rank_device(self.args.device, self.ranks) != self.args.device:
+            self.args = replace(self.args, device=rank_device(self.args.device, self.ranks))
         loaded = load_target(self.args)
         self.adapter = loaded.adapter
         self.tokenizer = loaded.tokenizer
+        self._device = torch.device(self.adapter.device)  # lm-eval builds its rank-count tensors on it
         self.target = {"family": loaded.family, "impl": loaded.impl, "card": self.args.card,
                        "block_len": self.adapter.info.block_len, "mask_id": self.adapter.info.mask_id,
                        "stop_ids": sorted(self.adapter.info.stop_ids)}
@@ -79,6 +84,8 @@ class SpotDLM(LM):
         self._auto_bs: int | None = None
         # Per request, in lm-eval's request order: joined with its samples file by `prompt_hash` (compare.py).
         self.sample_log: list[dict[str, Any]] = []
+        # Every rank's statistics, gathered at the end of each generate_until (None: single process).
+        self._gathered: tuple[RunStats, PairedStats | None, list[dict[str, Any]]] | None = None
         if self.args.batch_invariant and self.args.batch_size not in (1, "auto"):
             log.info("batch_invariant=true: requests are decoded one at a time (batch_size=%s ignored)",
                      self.args.batch_size)
@@ -97,8 +104,12 @@ class SpotDLM(LM):
         )
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        # lm-eval's padding copies (multi-process runs) are answered with the real request's text, never decoded
+        # or counted: the summed statistics then equal a single-process run's.
+        n_pad = padding_count(requests) if self.ranks.distributed else 0
+        real = requests[: len(requests) - n_pad]
         # Every request is validated before the first one is decoded: nothing half-done on bad input.
-        jobs = self._plan(requests)
+        jobs = self._plan(real)
         out: list[str] = [""] * len(jobs)
         bs = self._batch_size()
         bar = tqdm(total=len(jobs), desc=f"spot-dlm [{self.args.mode}]", disable=disable_tqdm or self.rank != 0)
@@ -113,9 +124,26 @@ class SpotDLM(LM):
                 bar.update(1)
             bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
         bar.close()
-        if jobs:
+        if self.ranks.distributed:
+            self._gather_stats()
+        if jobs and self.rank == 0:
             log.info("spot-dlm run summary\n%s", format_summary(self.get_model_info()["spot"]))
-        return out
+        return out + [out[-1]] * n_pad if out else out
+
+    def _gather_stats(self) -> None:
+        """Sum every rank's statistics (all ranks call this: it is a collective)."""
+        parts = self.ranks.all_gather_object((self.stats, self.paired, self.sample_log))
+        stats = RunStats(mode=self.stats.mode, budget=self.stats.budget,
+                         exact_prefix_cache=self.stats.exact_prefix_cache, batch_size=self.stats.batch_size)
+        paired = PairedStats() if self.paired is not None else None
+        samples: list[dict[str, Any]] = []
+        for rank_stats, rank_paired, rank_log in parts:
+            for s, t in zip(rank_stats.samples, rank_stats.temperatures, strict=True):
+                stats.add(s, t)
+            if paired is not None and rank_paired is not None:
+                paired.extend(rank_paired)
+            samples.extend(rank_log)
+        self._gathered = (stats, paired, samples)
 
     def _pad_rows(self) -> int:
         """batch_invariant: every forward carries 1 + the largest budget rows (budget=auto's largest is 20)."""
@@ -157,8 +185,8 @@ class SpotDLM(LM):
     def _plan(self, requests: list[Any]) -> list[_Job]:
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 
-        seen: Counter[str] = Counter()
         jobs: list[_Job] = []
+        prev, k = None, 0
         for req in requests:
             context, raw_kwargs = req.args[0], req.args[1]
             kw = normalize_gen_kwargs(dict(raw_kwargs), default_max_gen_toks=DEFAULT_MAX_GEN_TOKS)
@@ -168,9 +196,12 @@ class SpotDLM(LM):
                 max_toks = min(max_toks, self.args.gen_length)
             temperature = float(kw.get("temperature", 0.0)) if kw.get("do_sample") else 0.0
             cfg = DecodeConfig(max_gen_toks=max_toks, temperature=temperature, pad_rows=self._pad_rows())
-            # Repeats of one request get distinct but reproducible seeds.
-            seen[context] += 1
-            jobs.append(_Job(context, raw_kwargs, cfg, until, mix_seed(self.base_seed, context, seen[context])))
+            # lm-eval passes a request's `repeats` as the same object, consecutively: the k-th copy gets seed k.
+            # The seed depends on nothing else (not on the rank, the batch or other requests), so any process
+            # count and batch size decode the same ids.
+            k = k + 1 if req is prev else 1
+            prev = req
+            jobs.append(_Job(context, raw_kwargs, cfg, until, mix_seed(self.base_seed, context, k)))
         return jobs
 
     # ---- pieces -----------------------------------------------------------------------------------------
@@ -202,15 +233,26 @@ class SpotDLM(LM):
         )
 
     # ---- lm-eval hooks -------------------------------------------------------------------------------
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.ranks.all_gather(tensor)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        return self.ranks.gather_object(obj, dst)
+
+    def barrier(self) -> None:
+        self.ranks.barrier()
+
     def get_model_info(self) -> dict[str, Any]:
-        summary = self.stats.summary()
-        if self.paired is not None:
-            summary.update(self.paired.summary())
-        summary.update({"family": self.target["family"], "impl": self.target["impl"]})
+        stats, paired, sample_log = self._gathered or (self.stats, self.paired, self.sample_log)
+        summary = stats.summary()
+        if paired is not None:
+            summary.update(paired.summary())
+        summary.update({"family": self.target["family"], "impl": self.target["impl"],
+                        "world_size": self.world_size})
         return {
             "spot": summary,
             "spot_target": self.target,
-            "spot_samples": self.sample_log,
+            "spot_samples": sample_log,
             "spot_args": {k: v for k, v in vars(self.args).items()},
         }
 

@@ -35,10 +35,12 @@ class RunStats:
     exact_prefix_cache: bool = True  # the target's cache equals a full recomputation (else "approximate")
     batch_size: int | str = 1
     samples: list[SampleStats] = field(default_factory=list)
+    temperatures: list[float] = field(default_factory=list)  # per sample (ranks' statistics are merged by add)
     _nfe_sum: int = 0
 
     def add(self, s: SampleStats, temperature: float) -> None:
         self.samples.append(s)
+        self.temperatures.append(temperature)
         self._nfe_sum += s.nfe
         # A run mixing temperatures reports "mixed": the ratios below are only meaningful per temperature.
         if self.temperature is None or self.temperature == temperature:
@@ -138,6 +140,11 @@ class PairedStats:
         self.nfe.append((method.nfe.total, control.nfe.total))
         self.rate.append((len(method.token_ids) / method.wall_s, len(control.token_ids) / control.wall_s))
         self.same.append(method.token_ids == control.token_ids)
+
+    def extend(self, other: PairedStats) -> None:
+        self.nfe.extend(other.nfe)
+        self.rate.extend(other.rate)
+        self.same.extend(other.same)
 
     def summary(self) -> dict[str, Any]:
         n = len(self.same)

@@ -1,0 +1,72 @@
+"""Data parallelism: a real 2-rank gloo run (torchrun + accelerate on the CPU) equals the single-process run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lm_eval_spot.distributed import padding_count
+
+# spot_arith: 5 documents over 2 ranks gives 3 + 2, so lm-eval pads rank 1 with one copy (the case to get right).
+LIMIT = 5
+ARGS = ["--model", "spot-dlm", "--model_args", "seed=3,control=paired", "--tasks", "spot_arith",
+        "--limit", str(LIMIT), "--log_samples", "--gen_kwargs", "temperature=1,do_sample=true,max_gen_toks=64"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def _run(cmd: list[str], out: Path, *extra: str) -> tuple[dict, dict]:
+    proc = subprocess.run([*cmd, *ARGS, *extra, "--output_path", str(out)], env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(next(out.rglob("results_*.json")).read_text())
+    samples = {row["doc_id"]: row for row in map(json.loads, next(out.rglob("samples_*.jsonl")).open())}
+    return results, samples
+
+
+@pytest.mark.slow
+def test_two_ranks_give_the_single_process_generations_and_summed_totals(tmp_path):
+    # Also across batch sizes: one process at batch size 1, two at batch size 2.
+    one, one_samples = _run([sys.executable, "-m", "lm_eval"], tmp_path / "one")
+    two, two_samples = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "lm_eval"], tmp_path / "two", "--batch_size", "2")
+    assert sorted(one_samples) == sorted(two_samples) == list(range(LIMIT))
+    for doc_id, row in one_samples.items():
+        # lm-eval appends its padding copy's answer to the padded rank's last document: the first is the real one.
+        assert two_samples[doc_id]["resps"][0][0] == row["resps"][0][0]
+        assert two_samples[doc_id]["filtered_resps"] == row["filtered_resps"]
+    assert two["results"]["spot_arith"] == one["results"]["spot_arith"]
+    s1, s2 = one["config"]["spot"], two["config"]["spot"]
+    assert (s1["world_size"], s2["world_size"]) == (1, 2)
+    for key in ("samples", "nfe_total", "gen_tokens_total", "committed_tokens_total", "rounds_total",
+                "control_nfe_per_sample", "nfe_reduction", "exact_match_to_control", "stop_reasons"):
+        assert s2[key] == s1[key], key
+    assert s2["samples"] == LIMIT  # the padding copy was neither decoded nor counted
+
+    def per_sample(info: dict) -> list[tuple]:
+        return sorted((e["prompt_hash"], e["nfe"], e["gen_tokens"], e["rounds"]) for e in info["config"]["spot_samples"])
+
+    assert per_sample(two) == per_sample(one)
+
+
+class _Req:
+    def __init__(self, repeats: int = 1) -> None:
+        self.repeats = repeats
+
+
+def test_padding_count_reads_lm_evals_tail_copies():
+    a, b, c = _Req(), _Req(), _Req(repeats=3)
+    assert padding_count([]) == 0
+    assert padding_count([a, b]) == 0
+    assert padding_count([a, b, b, b]) == 2
+    assert padding_count([a, c, c, c]) == 0  # one request with repeats=3
+    assert padding_count([a, c, c, c, c, c, c]) == 3  # ...and one padding copy of it (3 rows)
