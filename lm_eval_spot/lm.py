@@ -14,7 +14,9 @@ from tqdm import tqdm
 
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
-from lm_eval_spot.config import LEARNED_MODES, SpotArgs, default_target_path, parse_args
+from lm_eval_spot import __version__
+from lm_eval_spot.config import (LEARNED_MODES, SpotArgs, default_drafter_path, default_graph_path,
+                                    default_target_path, parse_args)
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult
@@ -24,6 +26,7 @@ from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_de
 from lm_eval_spot.loading import load_target
 from lm_eval_spot.methods import build_proposer
 from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary
+from lm_eval_spot.request_cache import RequestCache, fingerprint, folder_identity
 from lm_eval_spot.stopping import cut_text, make_stop_check
 
 # A child of lm-eval's logger: its CLI shows these messages (run summary, load facts) with its own.
@@ -85,7 +88,9 @@ class SpotDLM(LM):
         # Per request, in lm-eval's request order: joined with its samples file by `prompt_hash` (compare.py).
         self.sample_log: list[dict[str, Any]] = []
         # Every rank's statistics, gathered at the end of each generate_until (None: single process).
-        self._gathered: tuple[RunStats, PairedStats | None, list[dict[str, Any]]] | None = None
+        self._gathered: tuple[RunStats, PairedStats | None, list[dict[str, Any]], int] | None = None
+        self.request_cache: RequestCache | None = None  # set when lm-eval runs with --use_cache
+        self._summary_logged = False
         if self.args.batch_invariant and self.args.batch_size not in (1, "auto"):
             log.info("batch_invariant=true: requests are decoded one at a time (batch_size=%s ignored)",
                      self.args.batch_size)
@@ -124,26 +129,32 @@ class SpotDLM(LM):
                 bar.update(1)
             bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
         bar.close()
-        if self.ranks.distributed:
-            self._gather_stats()
-        if jobs and self.rank == 0:
-            log.info("spot-dlm run summary\n%s", format_summary(self.get_model_info()["spot"]))
+        # Multi-process runs log the summed summary at lm-eval's barrier, which every rank reaches (a rank whose
+        # requests all came from --use_cache never calls this method).
+        if jobs and not self.ranks.distributed:
+            self._log_summary()
         return out + [out[-1]] * n_pad if out else out
+
+    def _log_summary(self) -> None:
+        self._summary_logged = True
+        log.info("spot-dlm run summary\n%s", format_summary(self.get_model_info()["spot"]))
 
     def _gather_stats(self) -> None:
         """Sum every rank's statistics (all ranks call this: it is a collective)."""
-        parts = self.ranks.all_gather_object((self.stats, self.paired, self.sample_log))
+        parts = self.ranks.all_gather_object((self.stats, self.paired, self.sample_log, self._cache_served()))
         stats = RunStats(mode=self.stats.mode, budget=self.stats.budget,
                          exact_prefix_cache=self.stats.exact_prefix_cache, batch_size=self.stats.batch_size)
         paired = PairedStats() if self.paired is not None else None
         samples: list[dict[str, Any]] = []
-        for rank_stats, rank_paired, rank_log in parts:
+        served = [p[3] for p in parts]
+        for rank_stats, rank_paired, rank_log, _ in parts:
             for s, t in zip(rank_stats.samples, rank_stats.temperatures, strict=True):
                 stats.add(s, t)
             if paired is not None and rank_paired is not None:
                 paired.extend(rank_paired)
             samples.extend(rank_log)
-        self._gathered = (stats, paired, samples)
+        known = None if any(s is None for s in served) else -1 if any(s < 0 for s in served) else sum(served)
+        self._gathered = (stats, paired, samples, known)
 
     def _pad_rows(self) -> int:
         """batch_invariant: every forward carries 1 + the largest budget rows (budget=auto's largest is 20)."""
@@ -233,6 +244,26 @@ class SpotDLM(LM):
         )
 
     # ---- lm-eval hooks -------------------------------------------------------------------------------
+    def set_cache_hook(self, cache_hook: Any) -> None:
+        """--use_cache: claim the file for this configuration (or refuse it) before lm-eval serves any answer."""
+        db = getattr(cache_hook, "dbdict", None)
+        if db is not None:
+            self.request_cache = RequestCache.claim(db, self.cache_fingerprint())
+        super().set_cache_hook(cache_hook)
+
+    def cache_fingerprint(self) -> str:
+        """Everything that decides the generated ids: the args, the seed, the device type, the files read."""
+        extra: dict[str, Any] = {"plugin": __version__, "target": folder_identity(self.args.pretrained),
+                                 "tokenizer": folder_identity(self.args.tokenizer), "resolved_target": self.target}
+        if self.args.mode in LEARNED_MODES:
+            extra["drafter"] = folder_identity(self.args.drafter or str(default_drafter_path()))
+        if self.args.mode == "graph":
+            extra["graph"] = folder_identity(self.args.graph or str(default_graph_path()))
+        return fingerprint(vars(self.args), self.base_seed, self.device.type, extra)
+
+    def _cache_served(self) -> int | None:
+        return self.request_cache.served if self.request_cache is not None else None
+
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.ranks.all_gather(tensor)
 
@@ -240,15 +271,27 @@ class SpotDLM(LM):
         return self.ranks.gather_object(obj, dst)
 
     def barrier(self) -> None:
+        """lm-eval calls this on every rank after each request type: the point to sum the ranks' statistics."""
+        if self.ranks.distributed:
+            self._gather_stats()
+            if self.rank == 0:
+                self._log_summary()
         self.ranks.barrier()
 
     def get_model_info(self) -> dict[str, Any]:
-        stats, paired, sample_log = self._gathered or (self.stats, self.paired, self.sample_log)
+        stats, paired, sample_log, served = self._gathered or (self.stats, self.paired, self.sample_log,
+                                                               self._cache_served())
         summary = stats.summary()
+        if served is not None:
+            # Answers lm-eval returned from --use_cache: never decoded, so not in NFE, tokens or time (-1: unknown).
+            summary["served_from_cache"] = served
         if paired is not None:
             summary.update(paired.summary())
         summary.update({"family": self.target["family"], "impl": self.target["impl"],
                         "world_size": self.world_size})
+        if served and not self._summary_logged:  # every request came from --use_cache: nothing was decoded
+            self._summary_logged = True
+            log.info("spot-dlm run summary\n%s", format_summary(summary))
         return {
             "spot": summary,
             "spot_target": self.target,

@@ -119,6 +119,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     ):
         if key in summary:
             rows.append((label, f"{summary[key]:.3f}" if isinstance(summary[key], float) else summary[key]))
+    if summary.get("served_from_cache") is not None:
+        rows.append(("served from --use_cache (no NFE)", summary["served_from_cache"]))
     if summary.get("prefix_cache") == "approximate":
         rows.append(("NOTE", "approximate prefix cache: not lossless against full recomputation"))
     width = max(len(k) for k, _ in rows)
