@@ -20,3 +20,8 @@ from tiny import save_tiny_target  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory) -> Path:
     return save_tiny_target(tmp_path_factory.mktemp("tiny_target"), seed=0, block_length=8)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fuzz-examples", type=int, default=None, metavar="N",
+                     help="tests/test_fuzz.py: N random (not derandomized) examples per target kind")
