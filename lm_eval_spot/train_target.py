@@ -278,6 +278,16 @@ def load_checkpoint(path: Path) -> dict | None:
 # ----------------------------------------------------------------------------------------------------- training
 
 
+# Settings that do not change the weights a run ends with (where it writes, how often it reports or stops).
+_NOT_SHAPING = {"out", "model", "ckpt_every", "log_every", "val_every", "val_n", "eval_n", "max_new", "threads",
+                "stop_after", "steps", "minutes", "calib_steps"}
+
+
+def _run_config(cfg: TrainConfig) -> dict:
+    """The settings a resumed run must share with the checkpoint's (the step total is saved with it)."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_SHAPING}
+
+
 def train(cfg: TrainConfig) -> Path:
     """Train (or resume) into cfg.out; returns the final model directory (or the out dir if stopped early)."""
     prev_threads = torch.get_num_threads()
@@ -313,6 +323,12 @@ def _train(cfg: TrainConfig) -> Path:
     if state is not None:
         if state["model_config"] != dataclasses.asdict(cfg.model):
             raise ValueError(f"{ckpt_path} was trained with {state['model_config']}, not {cfg.model}")
+        recorded = state.get("run_config")
+        if recorded is not None and recorded != _run_config(cfg):
+            diff = ", ".join(f"{k}={recorded.get(k)!r} (now {v!r})" for k, v in _run_config(cfg).items()
+                             if recorded.get(k) != v)
+            raise ValueError(f"{ckpt_path} is from another training run: {diff}; rerun with its settings or use "
+                             "another --out")
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         data_rng.setstate(state["data_rng"])
@@ -337,6 +353,7 @@ def _train(cfg: TrainConfig) -> Path:
                 "total": total,
                 "train_s": train_s,
                 "model_config": dataclasses.asdict(cfg.model),
+                "run_config": _run_config(cfg),
             },
         )
 

@@ -4,6 +4,15 @@
 
 Sub-steps `collect`, `train`, `evaluate` can be run alone; each resumes from what it already wrote (trajectory
 shards and training checkpoints are written atomically). The result is `OUT/drafter/` (safetensors + JSON).
+
+Resuming: `train` checkpoints to OUT/train_ckpt.pt every --ckpt-every steps (and at the end or the --minutes
+limit) with everything the loop consumes: weights, optimizer, the data-sampling generator and torch's global RNG
+(dropout). A killed run rerun with the same command ends with the same weights, bit for bit, as one never stopped
+(on the same machine and thread count). The checkpoint records the settings that shape the weights (model, seed,
+batch, lr, schedule, data split, number of training units) and a rerun with other settings is refused. The one
+exception is --steps, which a rerun may raise to train further: the cosine schedule then stretches to the new
+total from the checkpoint's step on, so that is a continuation, not the run a fresh --steps N would give; lowering
+--steps below the checkpoint's is refused. --minutes and --ckpt-every only decide when to stop and save.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -43,6 +53,7 @@ class TrainConfig:
     heldout_frac: float = 0.1
     seed: int = 0
     minutes: float | None = None  # stop early (and still save) after this much training time
+    ckpt_every: int = 200  # steps between checkpoints
     # Both are ~0.62M parameters (the paper's size); the factored one runs its encoder once per round.
     model: OrderModelConfig | FactoredConfig = field(default_factory=FactoredConfig)
 
@@ -109,7 +120,9 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
         _atomic_save_tensors(Trajectories.concat(parts).to_dict(), path)
     bar.close()
     meta = {"target": target or "embedded", "block_len": adapter.info.block_len, "prompts": len(prompts)}
-    (out / "collect.json").write_text(json.dumps(meta, indent=2) + "\n")
+    tmp = out / "collect.json.tmp"  # atomic like the shards: a kill mid-write must not leave half a file
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, out / "collect.json")
 
 
 def load_trajectories(out: Path) -> Trajectories:
@@ -144,28 +157,72 @@ def _loss(model: DrafterModel, traj: Trajectories, units: torch.Tensor, cfg: Tra
     return torch.nn.functional.cross_entropy(model(b.feat, b.status, b.depth), b.label)
 
 
+# Settings that only decide when a run stops or saves, not the weights it has at a given step.
+_RESUME_FREE = ("minutes", "ckpt_every")
+
+
+def run_config(cfg: TrainConfig, n_train_units: int) -> dict[str, Any]:
+    """The settings a checkpoint must share with the run resuming it, flat (model.* for the model config)."""
+    flat = {k: v for k, v in asdict(cfg).items() if k not in _RESUME_FREE and k != "model"}
+    flat.update({f"model.{k}": v for k, v in asdict(cfg.model).items()})
+    flat["train_units"] = n_train_units  # other trajectories (re-collected, other prompts) are another run
+    return flat
+
+
+def check_resumable(saved: dict[str, Any], now: dict[str, Any], path: Path) -> None:
+    """Raise ValueError (one line) unless `now` continues the run that wrote `saved`; --steps may only grow."""
+    diffs = [f"{k}={saved.get(k)!r} (now {now.get(k)!r})" for k in sorted(set(saved) | set(now))
+             if k != "steps" and saved.get(k) != now.get(k)]
+    if int(now["steps"]) < int(saved["steps"]):
+        diffs.append(f"steps={saved['steps']} (now {now['steps']}; --steps may only grow)")
+    if diffs:
+        raise ValueError(f"{path} is from another training run: {'; '.join(diffs)}; "
+                         "rerun with its settings or use another --out")
+
+
+def _save_checkpoint(path: Path, model: DrafterModel, opt: torch.optim.Optimizer, step: int,
+                     gen: torch.Generator, config: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "gen": gen.get_state(),
+                "torch_rng": torch.get_rng_state(), "config": config}, tmp)
+    os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint
+
+
+def _resume(path: Path, model: DrafterModel, opt: torch.optim.Optimizer, gen: torch.Generator,
+            config: dict[str, Any]) -> int:
+    """Load the checkpoint at `path` into model/opt/gen and torch's RNG; returns its step."""
+    state = torch.load(path, weights_only=True)
+    if "config" in state:
+        check_resumable(state["config"], config, path)
+    else:
+        log.warning("%s predates recorded training settings: resuming without checking them", path)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    gen.set_state(state["gen"])
+    if "torch_rng" in state:  # dropout draws from the global generator
+        torch.set_rng_state(state["torch_rng"])
+    log.info("resumed drafter training at step %d", int(state["step"]))
+    return int(state["step"])
+
+
+def _lr_at(s: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to 0 at cfg.steps."""
+    if s < cfg.warmup:
+        return cfg.lr * (s + 1) / cfg.warmup
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup))))
+
+
 def train(out: Path, cfg: TrainConfig) -> DrafterModel:
     traj = load_trajectories(out)
     train_units, held_units = split_examples(traj, cfg)
     log.info("training units: %d train, %d held-out (rounds %d)", len(train_units), len(held_units), len(traj.pos))
+    config = run_config(cfg, len(train_units))
     torch.manual_seed(cfg.seed)
     model = build_model(asdict(cfg.model))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt = out / "train_ckpt.pt"
-    step = 0
     gen = torch.Generator().manual_seed(cfg.seed)
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step = int(state["step"])
-        gen.set_state(state["gen"])
-        log.info("resumed drafter training at step %d", step)
-
-    def lr_at(s: int) -> float:
-        if s < cfg.warmup:
-            return cfg.lr * (s + 1) / cfg.warmup
-        return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup))))
+    step = _resume(ckpt, model, opt, gen, config) if ckpt.exists() else 0
 
     t0 = time.time()
     bar = tqdm(total=cfg.steps, initial=step, desc="train drafter")
@@ -174,7 +231,7 @@ def train(out: Path, cfg: TrainConfig) -> DrafterModel:
         idx = torch.randint(len(train_units), (cfg.batch,), generator=gen)
         loss = _loss(model, traj, train_units[idx], cfg)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = _lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -184,10 +241,8 @@ def train(out: Path, cfg: TrainConfig) -> DrafterModel:
         if step % 25 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
         done = cfg.minutes is not None and time.time() - t0 > cfg.minutes * 60
-        if step % 200 == 0 or step == cfg.steps or done:
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "gen": gen.get_state()}, tmp)
-            os.replace(tmp, ckpt)
+        if step % cfg.ckpt_every == 0 or step == cfg.steps or done:
+            _save_checkpoint(ckpt, model, opt, step, gen, config)
         if done:
             log.info("time limit reached at step %d", step)
             break
@@ -257,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--arch", choices=["factored", "encoder"], default="factored",
                     help="factored: one encoder pass per round (default); encoder: one pass per tree node (v1)")
     ap.add_argument("--minutes", type=float, default=None)
+    ap.add_argument("--ckpt-every", type=int, default=TrainConfig.ckpt_every, help="steps between checkpoints")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--d-model", type=int, default=128, help="order model width")
     ap.add_argument("--heads", type=int, default=8)
@@ -264,9 +320,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--d-ff", type=int, default=None, help="feed-forward width (default 448 factored, 512 encoder)")
     ap.add_argument("--no-slot-embedding", action="store_true",
                     help="factored only: no slot-index embedding (the model sees where slots are only through the data)")
+    ap.add_argument("--dropout", type=float, default=0.0, help="order model dropout while training (default none)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads (use 1 when another job shares the cores: OpenMP spin-waits collapse)")
     args = ap.parse_args(argv)
+    if args.ckpt_every < 1:
+        ap.error("--ckpt-every must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, args.threads))
     out: Path = args.out
@@ -274,12 +333,13 @@ def main(argv: list[str] | None = None) -> None:
     size = {"d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers}
     model_cfg: OrderModelConfig | FactoredConfig
     if args.arch == "factored":
-        model_cfg = FactoredConfig(**size, d_ff=args.d_ff or FactoredConfig.d_ff,
+        model_cfg = FactoredConfig(**size, d_ff=args.d_ff or FactoredConfig.d_ff, dropout=args.dropout,
                                    slot_embedding=not args.no_slot_embedding)
     else:
-        model_cfg = OrderModelConfig(**size, d_ff=args.d_ff or OrderModelConfig.d_ff)
+        model_cfg = OrderModelConfig(**size, d_ff=args.d_ff or OrderModelConfig.d_ff, dropout=args.dropout)
     batch = args.batch or (48 if args.arch == "factored" else 256)
-    cfg = TrainConfig(steps=args.steps, batch=batch, minutes=args.minutes, seed=args.seed, model=model_cfg)
+    cfg = TrainConfig(steps=args.steps, batch=batch, minutes=args.minutes, seed=args.seed,
+                      ckpt_every=args.ckpt_every, model=model_cfg)
     t0 = time.time()
     if args.step in ("collect", "all"):
         from lm_eval.utils import simple_parse_args_string
