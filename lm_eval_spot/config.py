@@ -101,6 +101,9 @@ class SpotArgs:
     # Bidirectional families: "none" recomputes the whole canvas every forward (exact); "approx" is Fast-dLLM's
     # prefix cache (not lossless against full recomputation; SPOT stays exact relative to the cached control).
     cache: str = "none"
+    # CPU intra-op threads while decoding; None ("auto"): lm_eval_spot.threads picks (1 for small targets, unless
+    # OMP_NUM_THREADS or torch.set_num_threads was set by the user).
+    threads: int | None = None
 
 
 def accepted_args() -> list[str]:
@@ -130,6 +133,8 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         if str(raw["cache"]) not in CACHES:
             raise SpotArgError(f"spot-dlm: cache={raw['cache']!r} is not known; accepted: {', '.join(CACHES)}")
         args["cache"] = str(raw["cache"])
+    if raw.get("threads") is not None and str(raw["threads"]).lower() != "auto":
+        args["threads"] = _as_int("threads", raw["threads"], 1)
     if raw.get("mask_id") is not None:
         args["mask_id"] = _as_int("mask_id", raw["mask_id"], 0)
     if raw.get("stop_ids") is not None:
