@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 from dataclasses import dataclass, replace
@@ -12,6 +13,7 @@ import torch
 from lm_eval.api.model import LM
 from tqdm import tqdm
 
+from lm_eval_spot.adapters.base import positions_needed
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
@@ -19,7 +21,7 @@ from lm_eval_spot.config import (LEARNED_MODES, SpotArgs, default_drafter_path, 
                                     default_target_path, parse_args)
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
-from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult
+from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
@@ -28,6 +30,7 @@ from lm_eval_spot.methods import build_proposer
 from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary
 from lm_eval_spot.request_cache import RequestCache, fingerprint, folder_identity
 from lm_eval_spot.stopping import cut_text, make_stop_check
+from lm_eval_spot.threads import choose_threads, decoding_threads, default_thread_counts
 
 # A child of lm-eval's logger: its CLI shows these messages (run summary, load facts) with its own.
 log = logging.getLogger("lm_eval.spot")
@@ -43,9 +46,19 @@ def _sample_entry(context: str, r: DecodeResult) -> dict[str, Any]:
             "rounds": r.rounds, "wall_s": round(r.wall_s, 6), "stop_reason": r.stop_reason}
 
 
+class RequestError(ValueError):
+    """A request the target cannot decode as asked (e.g. longer than its context); raised before any decoding."""
+
+
+def _preview(text: str, n: int = 50) -> str:
+    tail = text[-n:]
+    return repr(("..." if len(text) > n else "") + tail)
+
+
 @dataclass(frozen=True)
 class _Job:
     context: str
+    prompt_ids: tuple[int, ...]
     raw_kwargs: dict[str, Any]
     cfg: DecodeConfig
     until: list[str]
@@ -66,6 +79,11 @@ class SpotDLM(LM):
         self.adapter = loaded.adapter
         self.tokenizer = loaded.tokenizer
         self._device = torch.device(self.adapter.device)  # lm-eval builds its rank-count tensors on it
+        model = getattr(self.adapter, "model", None)
+        n_params = sum(p.numel() for p in model.parameters()) if model is not None else -1
+        self.threads = choose_threads(self.args.threads, self._device.type, n_params if n_params >= 0 else 1 << 62,
+                                      os.environ, torch.get_num_threads(), default_thread_counts())
+        log.info("spot-dlm: threads: %s", self.threads.reason)
         self.target = {"family": loaded.family, "impl": loaded.impl, "card": self.args.card,
                        "block_len": self.adapter.info.block_len, "mask_id": self.adapter.info.mask_id,
                        "stop_ids": sorted(self.adapter.info.stop_ids)}
@@ -117,17 +135,19 @@ class SpotDLM(LM):
         jobs = self._plan(real)
         out: list[str] = [""] * len(jobs)
         bs = self._batch_size()
-        bar = tqdm(total=len(jobs), desc=f"spot-dlm [{self.args.mode}]", disable=disable_tqdm or self.rank != 0)
-        for c, start in enumerate(range(0, len(jobs), bs)):
-            chunk = jobs[start : start + bs]
-            # With paired control, which of the two runs first alternates per chunk: machine drift cancels.
-            for k, (job, (text, result)) in enumerate(zip(chunk, self._generate_chunk(chunk, c % 2 == 1), strict=True)):
-                out[start + k] = text
-                self._record(result, job.cfg.temperature)
-                self.sample_log.append(_sample_entry(job.context, result))
-                self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
-                bar.update(1)
-            bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
+        with decoding_threads(self.threads):
+            bar = tqdm(total=len(jobs), desc=f"spot-dlm [{self.args.mode}]", disable=disable_tqdm or self.rank != 0)
+            for c, start in enumerate(range(0, len(jobs), bs)):
+                chunk = jobs[start : start + bs]
+                # With paired control, which of the two runs first alternates per chunk: machine drift cancels.
+                done = self._generate_chunk(chunk, c % 2 == 1)
+                for k, (job, (text, result)) in enumerate(zip(chunk, done, strict=True)):
+                    out[start + k] = text
+                    self._record(result, job.cfg.temperature)
+                    self.sample_log.append(_sample_entry(job.context, result))
+                    self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
+                    bar.update(1)
+                bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
         bar.close()
         # Multi-process runs log the summed summary at lm-eval's barrier, which every rank reaches (a rank whose
         # requests all came from --use_cache never calls this method).
@@ -212,8 +232,34 @@ class SpotDLM(LM):
             # count and batch size decode the same ids.
             k = k + 1 if req is prev else 1
             prev = req
-            jobs.append(_Job(context, raw_kwargs, cfg, until, mix_seed(self.base_seed, context, k)))
+            ids = tuple(self.encode(context))
+            self._check_fits(len(jobs), context, len(ids), max_toks)
+            jobs.append(_Job(context, ids, raw_kwargs, cfg, until, mix_seed(self.base_seed, context, k)))
+        self._warn_unknown_chars(jobs)
         return jobs
+
+    def _check_fits(self, index: int, context: str, prompt_len: int, gen_len: int) -> None:
+        """A request past the model's context would run on positions it was never trained on: refuse it."""
+        info = self.adapter.info
+        need = positions_needed(info, prompt_len, gen_len)
+        if info.max_positions is not None and need > info.max_positions:
+            raise RequestError(
+                f"spot-dlm: request {index} (prompt ending {_preview(context)}) needs {need} positions (a prompt of "
+                f"{prompt_len} tokens and up to {gen_len} generated, to the end of its last block of "
+                f"{info.block_len}), more than the target's context of {info.max_positions}; nothing was decoded. "
+                "Shorten the prompts (e.g. --num_fewshot) or lower max_gen_toks / gen_length"
+            )
+
+    def _warn_unknown_chars(self, jobs: list[_Job]) -> None:
+        """Characters the tokenizer cannot encode become its unknown token: said once per call, with examples."""
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        hit = [j for j in jobs if unk is not None and unk in j.prompt_ids]
+        if not hit:
+            return
+        chars = sorted({c for j in hit[:20] for c in set(j.context) if unk in self.encode(c)})
+        log.warning("spot-dlm: %d prompt(s) contain characters the tokenizer does not know (%s); they are encoded "
+                    "as its unknown token %r", len(hit), ", ".join(repr(c) for c in chars[:10]) or "?",
+                    self.tokenizer.unk_token)
 
     # ---- pieces -----------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -227,12 +273,20 @@ class SpotDLM(LM):
     ) -> list[tuple[str, DecodeResult]]:
         """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`."""
         jobs = [
-            DecodeJob(self.encode(job.context), job.cfg, job.seed, make_stop_check(self.decode_ids, job.until),
+            DecodeJob(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(self.decode_ids, job.until),
                       for_request(prop), observers[i] if observers else None,
                       self.args.verify if prop is not None else "coupled")
             for i, (job, prop) in enumerate(zip(chunk, proposers, strict=True))
         ]
-        results = decode_many(self.adapter, jobs, batch_size=len(jobs))
+        try:
+            results = decode_many(self.adapter, jobs, batch_size=len(jobs))
+        except NonFiniteLogitsError as err:
+            from lm_eval.utils import hash_string
+
+            job = chunk[err.request or 0]
+            raise NonFiniteLogitsError(err.block, err.round, request=None).with_message(
+                f"spot-dlm: {err} while decoding the request whose prompt ends {_preview(job.context)} "
+                f"(prompt_hash {hash_string(job.context)}); nothing of this run was written") from None
         return [(cut_text(self.decode_ids(r.token_ids), job.until), r) for job, r in zip(chunk, results, strict=True)]
 
     def _record(self, r: DecodeResult, temperature: float) -> None:

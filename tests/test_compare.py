@@ -32,6 +32,7 @@ def four_runs(tmp_path_factory):
     return outs
 
 
+@pytest.mark.slow  # four real lm_eval runs (~100 s); CI runs -m slow
 def test_compare_four_runs_says_accuracy_preserved(four_runs, tmp_path, capsys):
     assert compare.main([*map(str, four_runs), "--out", str(tmp_path / "cmp")]) == 0
     printed = capsys.readouterr().out
@@ -50,6 +51,7 @@ def test_compare_four_runs_says_accuracy_preserved(four_runs, tmp_path, capsys):
     assert (tmp_path / "cmp" / "accuracy_vs_nfe.png").stat().st_size > 5000
 
 
+@pytest.mark.slow  # four real lm_eval runs (~100 s); CI runs -m slow
 def test_per_sample_statistics_are_in_the_results_and_join_the_samples_file(four_runs):
     runs = compare.load_runs([four_runs[2]])  # spot, T=0
     (run,) = runs
@@ -58,6 +60,7 @@ def test_per_sample_statistics_are_in_the_results_and_join_the_samples_file(four
         assert s["nfe"] > 0 and s["gen_tokens"] > 0 and s["rounds"] > 0 and s["wall_s"] > 0
 
 
+@pytest.mark.slow  # four real lm_eval runs (~100 s); CI runs -m slow
 def test_compare_refuses_what_it_cannot_compare(four_runs, tmp_path, capsys):
     assert compare.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]) == 2
     (tmp_path / "empty").mkdir()

@@ -37,6 +37,15 @@ class TargetInfo:
     grid_origin: GridOrigin
     exact_prefix_cache: bool  # True: cached logits equal a full recomputation (exactness guarantees hold)
     vocab_size: int
+    max_positions: int | None = None  # the model's context (max_position_embeddings); None: not known
+
+
+def positions_needed(info: TargetInfo, prompt_len: int, gen_len: int) -> int:
+    """Positions a request occupies: the prompt and its generation, out to the last active block's end."""
+    L = info.block_len
+    if info.grid_origin == "zero":
+        return -(-(prompt_len + gen_len) // L) * L
+    return prompt_len + -(-gen_len // L) * L
 
 
 @dataclass

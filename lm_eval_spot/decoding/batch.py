@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lm_eval_spot.adapters.base import TargetAdapter
-from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, RequestDecode, RoundObserver, StopCheck
+from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecode, RoundObserver,
+                                        StopCheck)
 from lm_eval_spot.decoding.proposer import Proposer
 
 
@@ -58,8 +59,12 @@ def decode_many(
         step = [(req, req.next_states()) for _, req in live]
         pairs = [(req.session, states) for req, states in step if states is not None]
         logits = many(pairs) if many is not None else [s.block_logits(st) for s, st in pairs]
-        for (req, _), lg in zip([x for x in step if x[1] is not None], logits, strict=True):
-            req.advance(lg)
+        for (i, (req, _)), lg in zip([(i, x) for (i, _), x in zip(live, step, strict=True) if x[1] is not None],
+                                     logits, strict=True):
+            try:
+                req.advance(lg)
+            except NonFiniteLogitsError as err:
+                raise NonFiniteLogitsError(err.block, err.round, request=i) from None  # which job, for the caller
         still = []
         for i, req in live:
             if req.result is None:

@@ -27,6 +27,22 @@ from lm_eval_spot.decoding.tree import DraftTree, accepted_path, compile_states
 StopCheck = Callable[[list[int]], "int | None"]
 
 
+class NonFiniteLogitsError(RuntimeError):
+    """The target returned NaN or inf logits on a slot the round decides: any commit from them would be garbage."""
+
+    def __init__(self, block: int, round_: int, request: int | None = None) -> None:
+        self.block, self.round, self.request = block, round_, request
+        where = f"request {request}, " if request is not None else ""
+        super().__init__(f"the target returned non-finite logits (NaN or inf) in {where}block {block}, round "
+                         f"{round_}: a broken checkpoint, or an overflow in half precision (try dtype=float32 or "
+                         "bfloat16)")
+
+    def with_message(self, message: str) -> NonFiniteLogitsError:
+        """The same error, worded for the caller who knows which request it was."""
+        self.args = (message,)
+        return self
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     max_gen_toks: int
@@ -222,7 +238,11 @@ class RequestDecode:
         sync(dev)  # so the forward's time is not billed to the verification after it
         tv = time.perf_counter()
         node_eligible = (states == mask_id) & self.window
+        # NaN / inf anywhere in an eligible slot's row would pick its position and token silently: flag the rows.
+        bad_rows = (~torch.isfinite(logits.amax(dim=-1)) & node_eligible.to(dev)).any(dim=-1)
         if self.rejection:
+            if bool(bad_rows.any()):
+                raise NonFiniteLogitsError(self.block, self.rounds)
             rng = torch.Generator().manual_seed(mix_seed("verify", self.seed, self.block, self.rounds))
             q_rows = self._q if self._q is not None else logits.new_zeros(0, logits.shape[-1])
             path, fpos, ftok = rejection_verify(tree, q_rows, logits, node_eligible.to(dev), cfg.temperature, rng,
@@ -233,7 +253,11 @@ class RequestDecode:
                 tpos[a], ttok[a] = tree.pos[b - 1], tree.tok[b - 1]
             tpos[([0, *path])[-1]], ttok[([0, *path])[-1]] = fpos, ftok
         else:
-            tpos, ttok = self.link.pull(*transition(logits, node_eligible.to(dev), cfg.temperature, self.gumbel))
+            pos_d, tok_d = transition(logits, node_eligible.to(dev), cfg.temperature, self.gumbel)
+            # The flag rides in the positions already sent to the host (-2 marks a bad row): no extra transfer.
+            tpos, ttok = self.link.pull(torch.where(bad_rows, torch.full_like(pos_d, -2), pos_d), tok_d)
+            if bool((tpos == -2).any()):
+                raise NonFiniteLogitsError(self.block, self.rounds)
             path = accepted_path(tree, tpos, ttok)
         nodes = [0, *path]
         self.prev_path = tuple(path) if self._asked else None  # feedback only on a tree the proposer made

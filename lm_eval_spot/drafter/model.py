@@ -6,6 +6,7 @@ Checkpoints are safetensors weights plus JSON metadata; loading one checks that 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -132,7 +133,9 @@ def save_drafter(model: DrafterModel, meta: DrafterMeta, out_dir: Path) -> None:
         tmp = f.name
     save_file(state, tmp)
     os.replace(tmp, out_dir / "drafter.safetensors")
-    doc = {"config": asdict(model.cfg), "meta": asdict(meta), "params": n_params(model)}
+    # The weights' digest lets a load detect a truncated or altered file (safetensors has no checksum).
+    digest = hashlib.sha256((out_dir / "drafter.safetensors").read_bytes()).hexdigest()
+    doc = {"config": asdict(model.cfg), "meta": asdict(meta), "params": n_params(model), "weights_sha256": digest}
     tmp_json = out_dir / "drafter.json.tmp"
     tmp_json.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp_json, out_dir / "drafter.json")
@@ -159,18 +162,19 @@ def build_model(config: dict[str, Any]) -> DrafterModel:
 
 
 def load_drafter(path: Path, block_len: int) -> tuple[DrafterModel, DrafterMeta]:
-    """Load a drafter folder; fail clearly if it does not fit (feature version, block length)."""
-    from safetensors.torch import load_file
+    """Load a drafter folder; fail clearly if it does not fit (feature version, block length) or is damaged.
 
+    Nothing in the folder executes: the description is JSON, the weights safetensors (a pickle is refused), and
+    the weights' sha256 (written by `save_drafter`) is checked, so a truncated or altered file stops the run.
+    """
     path = Path(path)
-    doc_path = path / "drafter.json"
-    if not doc_path.is_file():
-        raise DrafterMismatchError(f"spot-dlm: drafter={str(path)!r} has no drafter.json (not a drafter folder)")
-    doc = json.loads(doc_path.read_text())
-    meta_d = doc["meta"]
-    meta_d["block_lens"] = tuple(meta_d["block_lens"])
-    meta = DrafterMeta(**meta_d)
-    model = build_model(doc["config"])
+    doc, meta = _read_description(path)
+    try:
+        model = build_model(doc["config"])
+    except (TypeError, ValueError) as err:
+        if isinstance(err, DrafterMismatchError):
+            raise
+        raise DrafterMismatchError(f"spot-dlm: drafter {str(path)!r}: drafter.json's config is not valid ({err})") from None
     expected = feature_version_of(model)
     if meta.feature_version != expected:
         raise DrafterMismatchError(
@@ -182,5 +186,55 @@ def load_drafter(path: Path, block_len: int) -> tuple[DrafterModel, DrafterMeta]
             f"spot-dlm: drafter {str(path)!r} was trained for block length(s) {list(meta.block_lens)}, "
             f"the target runs block_len={block_len}; accepted: block_len in {list(meta.block_lens)} or another drafter"
         )
-    model.load_state_dict(load_file(str(path / "drafter.safetensors")))
+    state = _read_weights(path, doc.get("weights_sha256"))
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[1:2] or [str(err)[:200]]
+        raise DrafterMismatchError(
+            f"spot-dlm: drafter {str(path)!r}: drafter.safetensors does not match drafter.json's config "
+            f"({first[0].strip()})"
+        ) from None
     return model.eval(), meta
+
+
+def _read_description(path: Path) -> tuple[dict[str, Any], DrafterMeta]:
+    doc_path = path / "drafter.json"
+    if not doc_path.is_file():
+        raise DrafterMismatchError(f"spot-dlm: drafter={str(path)!r} has no drafter.json (not a drafter folder)")
+    try:
+        doc = json.loads(doc_path.read_text(encoding="utf-8"))
+        meta_d = dict(doc["meta"])
+        meta_d["block_lens"] = tuple(int(b) for b in meta_d["block_lens"])
+        return doc, DrafterMeta(**meta_d)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise DrafterMismatchError(
+            f"spot-dlm: drafter {str(path)!r}: drafter.json is not a drafter description "
+            f"({type(err).__name__}: {str(err)[:120]}); rewrite it with python -m lm_eval_spot.drafter.train"
+        ) from None
+
+
+def _read_weights(path: Path, sha256: str | None) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    weights = path / "drafter.safetensors"
+    if not weights.is_file():
+        raise DrafterMismatchError(f"spot-dlm: drafter {str(path)!r} has no drafter.safetensors")
+    data = weights.read_bytes()
+    if data[:2] == b"PK" or data[:1] == b"\x80":
+        raise DrafterMismatchError(
+            f"spot-dlm: drafter {str(path)!r}: drafter.safetensors is a pickle (torch.save), not safetensors; "
+            "refused, nothing in it was run. Save drafters with lm_eval_spot.drafter.model.save_drafter"
+        )
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise DrafterMismatchError(
+            f"spot-dlm: drafter {str(path)!r}: drafter.safetensors does not have the sha256 drafter.json records "
+            "(truncated, altered or from another training run)"
+        )
+    try:
+        return load(data)
+    except Exception as err:  # safetensors raises its own error types for a damaged header
+        raise DrafterMismatchError(
+            f"spot-dlm: drafter {str(path)!r}: drafter.safetensors is not a readable safetensors file "
+            f"({type(err).__name__}: {str(err)[:120]}; truncated or damaged)"
+        ) from None

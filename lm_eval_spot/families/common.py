@@ -54,14 +54,24 @@ def torch_dtype(args: SpotArgs) -> torch.dtype | str:
     return "auto" if args.dtype == "auto" else DTYPES[args.dtype]
 
 
+# Files one of which every tokenizer folder has (fast tokenizers, their config, BPE and sentencepiece vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
+
+
 def load_tokenizer(args: SpotArgs) -> Any:
     from transformers import AutoTokenizer
 
     source = args.tokenizer or args.pretrained
+    folder = Path(source).expanduser()
+    if folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise SpotArgError(
+            f"spot-dlm: no tokenizer could be loaded from {source!r} (none of {', '.join(TOKENIZER_FILES)} is there); "
+            "accepted: a folder with tokenizer files, or tokenizer=<such a folder>"
+        )
     try:
         # An explicit False: a checkpoint with custom code must not make transformers ask on stdin.
         return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, TypeError, ImportError) as err:
         raise SpotArgError(
             f"spot-dlm: no tokenizer could be loaded from {source!r} ({type(err).__name__}); accepted: a folder with "
             "tokenizer files (tokenizer.json / tokenizer_config.json), or tokenizer=<such a folder>"
@@ -155,7 +165,16 @@ def target_info(args: SpotArgs, cfg: dict[str, Any], tokenizer: Any, *, default_
         grid_origin=grid_origin,  # type: ignore[arg-type]
         exact_prefix_cache=exact,
         vocab_size=int(vocab_size),
+        max_positions=context_length(cfg),
     )
+
+
+def context_length(cfg: dict[str, Any]) -> int | None:
+    """The model's trained context, under the names the families' configs use."""
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions"):
+        if isinstance(cfg.get(key), int) and cfg[key] > 0:
+            return int(cfg[key])
+    return None
 
 
 def require_trust(args: SpotArgs, family: str) -> None:
@@ -190,6 +209,16 @@ def map_fields(family: str, cfg: dict[str, Any], renamed: dict[str, str], requir
     return {dst: cfg[src] for src, dst in renamed.items() if src in cfg}
 
 
+def weight_errors() -> tuple[type[BaseException], ...]:
+    """What a missing, truncated or refused weights file raises (a pickle that torch's weights_only load refuses
+    is an UnpicklingError; a damaged safetensors header a SafetensorError)."""
+    import pickle
+
+    from safetensors import SafetensorError
+
+    return (OSError, SafetensorError, pickle.UnpicklingError, EOFError)
+
+
 def load_native_weights(cls: Any, args: SpotArgs, config: Any, family: str,
                         key_mapping: dict[str, str] | None = None) -> torch.nn.Module:
     """`cls.from_pretrained` with a mapped config (and weight names), refusing any weight that does not map."""
@@ -197,8 +226,9 @@ def load_native_weights(cls: Any, args: SpotArgs, config: Any, family: str,
     try:
         model, info = cls.from_pretrained(args.pretrained, config=config, dtype=torch_dtype(args),
                                           output_loading_info=True, **kw)
-    except OSError as err:
-        raise SpotArgError(f"spot-dlm: the weights of pretrained={args.pretrained!r} could not be loaded ({err})") from None
+    except weight_errors() as err:
+        raise SpotArgError(f"spot-dlm: the weights of pretrained={args.pretrained!r} could not be loaded "
+                           f"({type(err).__name__}: {str(err)[:300]})") from None
     problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys",
                                                                "error_msgs")}
     if problems:

@@ -29,8 +29,9 @@ def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
     remote = {"trust_remote_code": True} if args.trust_remote_code else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(args.pretrained, dtype=common.torch_dtype(args), **remote)
-    except OSError as err:
-        raise SpotArgError(f"spot-dlm: the weights of pretrained={args.pretrained!r} could not be loaded ({err})") from None
+    except common.weight_errors() as err:
+        raise SpotArgError(f"spot-dlm: the weights of pretrained={args.pretrained!r} could not be loaded "
+                           f"({type(err).__name__}: {str(err)[:300]})") from None
     model = model.to(device)
     if args.block_len is None and cfg.get("block_length") is None and cfg.get("block_size") is None:
         common.log.warning("checkpoint declares no block length: using block_len=%d", DEFAULT_BLOCK_LEN)
