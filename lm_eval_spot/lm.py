@@ -80,9 +80,9 @@ class SpotDLM(LM):
         self.tokenizer = loaded.tokenizer
         self._device = torch.device(self.adapter.device)  # lm-eval builds its rank-count tensors on it
         model = getattr(self.adapter, "model", None)
-        n_params = sum(p.numel() for p in model.parameters()) if model is not None else -1
-        self.threads = choose_threads(self.args.threads, self._device.type, n_params if n_params >= 0 else 1 << 62,
-                                      os.environ, torch.get_num_threads(), default_thread_counts())
+        n_params = sum(p.numel() for p in model.parameters()) if model is not None else None
+        self.threads = choose_threads(self.args.threads, self._device.type, n_params, os.environ,
+                                      torch.get_num_threads(), default_thread_counts())
         log.info("spot-dlm: threads: %s", self.threads.reason)
         self.target = {"family": loaded.family, "impl": loaded.impl, "card": self.args.card,
                        "block_len": self.adapter.info.block_len, "mask_id": self.adapter.info.mask_id,
@@ -284,7 +284,7 @@ class SpotDLM(LM):
             from lm_eval.utils import hash_string
 
             job = chunk[err.request or 0]
-            raise NonFiniteLogitsError(err.block, err.round, request=None).with_message(
+            raise err.with_message(
                 f"spot-dlm: {err} while decoding the request whose prompt ends {_preview(job.context)} "
                 f"(prompt_hash {hash_string(job.context)}); nothing of this run was written") from None
         return [(cut_text(self.decode_ids(r.token_ids), job.until), r) for job, r in zip(chunk, results, strict=True)]

@@ -56,7 +56,7 @@ def _physical_cores() -> int | None:
     return len(cores) or None
 
 
-def choose_threads(requested: int | None, device_type: str, n_params: int, env: Mapping[str, str],
+def choose_threads(requested: int | None, device_type: str, n_params: int | None, env: Mapping[str, str],
                    current: int, defaults: frozenset[int]) -> ThreadPolicy:
     """Pure: the thread count for decoding, and why (logged once at start-up)."""
     if device_type != "cpu":
@@ -68,6 +68,8 @@ def choose_threads(requested: int | None, device_type: str, n_params: int, env: 
             return ThreadPolicy(None, f"{var}={env[var]} set by the user: torch's {current} thread(s) kept")
     if current not in defaults:
         return ThreadPolicy(None, f"torch.set_num_threads({current}) set by the caller: kept")
+    if n_params is None:
+        return ThreadPolicy(None, f"target size unknown: torch's {current} thread(s) kept")
     if n_params <= SMALL_TARGET_PARAMS:
         return ThreadPolicy(1, f"small target ({n_params:,} parameters) on the CPU: 1 thread, which is about as fast as "
                                f"{current} on idle cores and does not collapse when other processes share them "
