@@ -53,10 +53,13 @@ class Row:
     wall_s: list[float] = field(default_factory=list)
     timing: list[tuple[float, float, float]] = field(default_factory=list)  # (forward, drafting, rest) s, per sample
     host_bytes: list[float] = field(default_factory=list)  # read back from the target's device per round
+    lookahead: list[tuple[int, int, int, int]] = field(default_factory=list)  # (rows, exact, used, later blocks)
 
     def add_timing(self, r: Any) -> None:
         self.timing.append((r.timing.forward, r.timing.draft, r.timing.rest))
         self.host_bytes.append(r.host_bytes / max(1, r.rounds))
+        la = r.lookahead
+        self.lookahead.append((la.rows, la.exact, la.used, la.later_blocks))
 
     def summary(self) -> dict[str, Any]:
         n = len(self.nfe)
@@ -77,6 +80,10 @@ class Row:
             "round_s_per_sample": {k: sum(t[j] for t in self.timing) / n
                                    for j, k in enumerate(("forward", "drafting", "rest"))} if self.timing else {},
             "host_bytes_per_round": sum(self.host_bytes) / n if self.host_bytes else 0.0,
+            # Cross-block lookahead: rows carried, blocks finished exactly as a row said, later blocks whose first
+            # round drafted from one, and blocks begun after the first (summed over samples).
+            "lookahead": dict(zip(("rows", "exact", "used", "later_blocks"),
+                                  (sum(t[j] for t in self.lookahead) for j in range(4)), strict=True)),
         }
 
 
@@ -128,7 +135,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ids = tok(doc.context, add_special_tokens=False)["input_ids"]
         stop = make_stop_check(decode_ids, list(doc.until))
         for T in args.temps:
-            cfg = DecodeConfig(max_gen_toks=args.max_gen_toks or doc.max_gen_toks, temperature=T)
+            cfg = DecodeConfig(max_gen_toks=args.max_gen_toks or doc.max_gen_toks, temperature=T,
+                               lookahead=args.lookahead)
             seed = args.seed * 1_000_003 + i
             commits = CommitLog()
 
@@ -181,6 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "torch": torch.__version__, "device": args.device,
                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else None},
         "n": args.n, "max_gen_toks": args.max_gen_toks, "block_len": L, "gamma": args.gamma,
+        "lookahead": args.lookahead,
         "wall_s": time.perf_counter() - t_start,
         "auto_costs": asdict(costs) if costs is not None else None,
         "repeats": args.repeats,
@@ -310,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="12 problems: finishes in under 10 minutes on 2 cores")
     ap.add_argument("--no-auto", dest="auto", action="store_false", help="skip the spot budget=auto rows")
     ap.add_argument("--gamma", type=float, default=0.05)
+    ap.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                    help="decode without cross-block lookahead (every method; the default decoder has it)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="time every decode this many times and keep the fastest (less noise, proportionally slower)")
     ap.add_argument("--max-gen-toks", type=int, default=96, help="generation cap (0: the task's max_gen_toks)")

@@ -104,6 +104,10 @@ class SpotArgs:
     # CPU intra-op threads while decoding; None ("auto"): lm_eval_spot.threads picks (1 for small targets, unless
     # OMP_NUM_THREADS or torch.set_num_threads was set by the user).
     threads: int | None = None
+    # Cross-block lookahead (block-causal targets): a round that can finish the block also scores the next block
+    # in the same forward, so the next block's first round drafts too. Never changes the output; off under
+    # batch_invariant (the extra row would change the forward's shape).
+    lookahead: bool = True
 
 
 def accepted_args() -> list[str]:
@@ -168,6 +172,8 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         args["trust_remote_code"] = _as_bool("trust_remote_code", raw["trust_remote_code"])
     if raw.get("batch_invariant") is not None:
         args["batch_invariant"] = _as_bool("batch_invariant", raw["batch_invariant"])
+    if raw.get("lookahead") is not None:
+        args["lookahead"] = _as_bool("lookahead", raw["lookahead"])
     if raw.get("seed") is not None:
         args["seed"] = _as_int("seed", raw["seed"], 0)
     if raw.get("drafter") is not None:

@@ -226,7 +226,8 @@ class SpotDLM(LM):
             if self.args.gen_length is not None:
                 max_toks = min(max_toks, self.args.gen_length)
             temperature = float(kw.get("temperature", 0.0)) if kw.get("do_sample") else 0.0
-            cfg = DecodeConfig(max_gen_toks=max_toks, temperature=temperature, pad_rows=self._pad_rows())
+            cfg = DecodeConfig(max_gen_toks=max_toks, temperature=temperature, pad_rows=self._pad_rows(),
+                               lookahead=self.args.lookahead)
             # lm-eval passes a request's `repeats` as the same object, consecutively: the k-th copy gets seed k.
             # The seed depends on nothing else (not on the rank, the batch or other requests), so any process
             # count and batch size decode the same ids.
@@ -293,7 +294,8 @@ class SpotDLM(LM):
         acc = sum(r.accepted) / len(r.accepted) if r.accepted else 0.0
         self.stats.add(
             SampleStats(r.nfe.total, len(r.token_ids), r.committed, r.rounds, acc, r.wall_s, r.stop_reason,
-                        r.host_bytes, r.timing.forward, r.timing.draft, r.timing.rest),
+                        r.host_bytes, r.timing.forward, r.timing.draft, r.timing.rest, r.lookahead.rows,
+                        r.lookahead.exact, r.lookahead.used, r.lookahead.later_blocks),
             temperature,
         )
 

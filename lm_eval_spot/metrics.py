@@ -25,6 +25,12 @@ class SampleStats:
     forward_s: float = 0.0  # round time in target forwards / drafting / the rest (transitions, verification)
     draft_s: float = 0.0
     rest_s: float = 0.0
+    # Cross-block lookahead: forwards that carried a lookahead row, blocks finished exactly as that row said,
+    # later blocks whose first round drafted from it, and blocks begun after the first.
+    lookahead_rows: int = 0
+    lookahead_exact: int = 0
+    lookahead_used: int = 0
+    later_blocks: int = 0
 
 
 @dataclass
@@ -85,10 +91,18 @@ class RunStats:
             "gen_tokens_per_s": gen / wall if wall > 0 else 0.0,
             "stop_reasons": {r: sum(s.stop_reason == r for s in self.samples) for r in ("eos", "until", "length")},
             "host_bytes_per_round": sum(s.host_bytes for s in self.samples) / rounds if rounds else 0.0,
+            "lookahead": _lookahead(self.samples),
             # Shares of the rounds' time (per request; batched requests share their forwards' time).
             "round_time_shares": {"forward": fwd / spent, "drafting": dft / spent, "rest": rest / spent}
             if spent > 0 else {},
         }
+
+
+def _lookahead(samples: list[SampleStats]) -> dict[str, Any]:
+    rows, exact, used, later = (sum(getattr(s, k) for s in samples) for k in
+                                ("lookahead_rows", "lookahead_exact", "lookahead_used", "later_blocks"))
+    return {"rows": rows, "exact": exact, "used": used, "later_blocks": later,
+            "exact_share": exact / rows if rows else 0.0, "later_blocks_served": used / later if later else 0.0}
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -107,6 +121,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("prefix cache", summary.get("prefix_cache", "exact")),
         ("bytes to host / round", f"{summary.get('host_bytes_per_round', 0.0):,.0f}"),
     ]
+    la = summary.get("lookahead") or {}
+    if la.get("rows"):
+        rows.append(("lookahead rows: exact / blocks served",
+                     f"{la['exact']} of {la['rows']} / {la['used']} of {la['later_blocks']} later blocks"))
     shares = summary.get("round_time_shares") or {}
     if shares:
         rows.append(("round time: forward / drafting / rest",

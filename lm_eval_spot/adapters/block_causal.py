@@ -50,22 +50,41 @@ class BlockCausalSession:
         return self._kv
 
     def block_logits(self, states: torch.Tensor) -> torch.Tensor:
+        return self._forward(states, None)
+
+    def block_logits_ahead(self, states: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`block_logits(states)` plus, in the SAME forward (one NFE), the next block's logits [L, V] at its
+        all-mask state given that `states[row]` (a full block) is committed: one more batch row, whose block
+        positions attend the prefix, the pending blocks, row `row`'s keys and themselves (block-causal attention
+        makes that exactly the next block's first forward, up to float rounding). The other rows' logits are those
+        of `block_logits(states)`. The completion's KV is not stored: the prefix changes only through commit_block.
+        """
+        logits = self._forward(states, row)
+        return logits[:-1], logits[-1]
+
+    def _forward(self, states: torch.Tensor, ahead: int | None) -> torch.Tensor:
         R, L = states.shape
         if L != self._adapter.info.block_len:
             raise ValueError(f"states must have block length {self._adapter.info.block_len}, got {L}")
+        if ahead is not None and not 0 <= ahead < R:
+            raise ValueError(f"lookahead row {ahead} is not one of the {R} states")
         P = len(self._pending)
         pend_pos = torch.arange(self._len, self._len + P)
-        pos = torch.cat([pend_pos, self.block_start + torch.arange(L)])
+        pos = torch.cat([pend_pos, self.block_start + torch.arange(L)]).unsqueeze(0).expand(R, -1)
         pending = torch.tensor(self._pending, dtype=torch.long)
         # One batch row per replica: [pending blocks ; replica state]. Rows share the prefix KV (read once per
         # layer for all rows), so cost grows linearly with R (one packed sequence would grow it quadratically).
         ids = torch.cat([pending.expand(R, P), states.long()], dim=1)
+        if ahead is not None:
+            nxt = torch.full((1, L), self._adapter.info.mask_id, dtype=torch.long)
+            ids = torch.cat([ids, torch.cat([pending[None], nxt], 1)])
+            pos = torch.cat([pos, torch.cat([pend_pos, self.block_start + L + torch.arange(L)])[None]])
         allowed_new = torch.ones(P + L, P + L, dtype=torch.bool)
         allowed_new[:P, :P] = block_causal_allowed(pend_pos, pend_pos, L)
         allowed_new[:P, P:] = False
         mask = allowed_to_additive(allowed_new, self._adapter.dtype)[0].to(self._adapter.device)
-        pp = PrefixPass([(0, R, self._kv)], mask, record=P)
-        logits = self._adapter._run(ids, pos.unsqueeze(0).expand(R, -1), pp, L)
+        pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, record=P, ahead=None if ahead is None else (ahead, L))
+        logits = self._adapter._run(ids, pos, pp, L)
         if P:
             if len(pp.recorded) != len(self._adapter.layers):
                 raise RuntimeError("the model did not route attention through the shared-prefix function")

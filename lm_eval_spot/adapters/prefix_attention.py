@@ -13,6 +13,10 @@ round, so control and SPOT rows always take the same arithmetic):
 - no pending tokens (every round but a block's first): the shared-prefix path above;
 - pending tokens (a block's first round, which also writes the pending blocks' KV): SDPA over the
   concatenated keys, which can be long (a 1k-token prompt) and is then better served by a fused kernel.
+
+Cross-block lookahead (`PrefixPass.ahead`): the forward's LAST row holds the next block's state, and its block
+positions also attend the active-block keys of an earlier row (a drafted completion of the active block), as the
+next block's first forward would once that completion is committed. Every other row's arithmetic is unchanged.
 """
 
 from __future__ import annotations
@@ -37,9 +41,17 @@ class PrefixPass:
     new_mask: torch.Tensor  # [N, N] additive (0 = attend), in the model's dtype, on its device
     record: int = 0
     recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # (row holding a completion of the active block, its block length): the last row is the next block, which
+    # also attends that row's last `block` keys. Only in a one-request forward.
+    ahead: tuple[int, int] | None = None
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
         """q [R, H, N, d], k/v [R, kv, N, d] (after RoPE) -> attention output [R, N, H, d]."""
+        if self.ahead is not None:
+            return self._with_ahead(layer, q, k, v, scaling)
+        return self._attend(layer, q, k, v, scaling)
+
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
         if self.record:
             if len(self.segments) != 1:
                 raise ValueError("pending blocks ride along with one request's forward at a time")
@@ -50,6 +62,36 @@ class PrefixPass:
         outs = [self._shared(pre[layer] if pre else None, q[a:b], k[a:b], v[a:b], scaling)
                 for a, b, pre in self.segments]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+    def _with_ahead(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+        """Rows but the last as usual; the last (the next block) also reads row `a`'s active-block keys."""
+        assert self.ahead is not None
+        if len(self.segments) != 1:
+            raise ValueError("a lookahead row rides along with one request's forward at a time")
+        a, L = self.ahead
+        R = q.shape[0] - 1
+        body = PrefixPass([(0, R, self.segments[0][2])], self.new_mask, self.record, self.recorded)
+        out = body._attend(layer, q[:R], k[:R], v[:R], scaling)
+        pre = self.segments[0][2]
+        kp, vp = pre[layer] if pre else (None, None)
+        ka, va = k[a : a + 1, :, -L:], v[a : a + 1, :, -L:]
+        N = q.shape[2]
+        if self.record:
+            # Keys: [stored prefix ; completion ; own (pending blocks ; next block)]; the pending blocks come
+            # before the active block, so only the next block's positions read the completion.
+            cols = self.new_mask.new_zeros(N, L)
+            cols[: N - L] = float("-inf")
+            parts_k = ([kp] if kp is not None else []) + [ka, k[R:]]
+            parts_v = ([vp] if vp is not None else []) + [va, v[R:]]
+            mask = torch.cat(([self.new_mask.new_zeros(N, kp.shape[-2])] if kp is not None else []) + [cols, self.new_mask], -1)
+            g = q.shape[1] // k.shape[1]
+            kk = torch.cat(parts_k, -2).repeat_interleave(g, dim=1)
+            vv = torch.cat(parts_v, -2).repeat_interleave(g, dim=1)
+            last = F.scaled_dot_product_attention(q[R:], kk, vv, attn_mask=mask, scale=scaling).transpose(1, 2)
+        else:
+            ext = (torch.cat([kp, ka], -2), torch.cat([vp, va], -2)) if kp is not None else (ka, va)
+            last = self._shared(ext, q[R:], k[R:], v[R:], scaling)
+        return torch.cat([out, last.contiguous()], dim=0)
 
     def _shared(self, pre, q, k, v, scaling):
         R, H, N, d = q.shape

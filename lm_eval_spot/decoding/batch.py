@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecode, RoundObserver,
-                                        StopCheck)
+                                        StopCheck, run_round)
 from lm_eval_spot.decoding.proposer import Proposer
 
 
@@ -56,13 +56,16 @@ def decode_many(
             j = jobs[i]
             live.append((i, RequestDecode(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
                                           j.verify)))
-        step = [(req, req.next_states()) for _, req in live]
-        pairs = [(req.session, states) for req, states in step if states is not None]
-        logits = many(pairs) if many is not None else [s.block_logits(st) for s, st in pairs]
-        for (i, (req, _)), lg in zip([(i, x) for (i, _), x in zip(live, step, strict=True) if x[1] is not None],
-                                     logits, strict=True):
+        step = [(i, req, req.next_states()) for i, req in live]
+        step = [(i, req, st) for i, req, st in step if st is not None]
+        # A round with a lookahead row runs as its own forward (it is one NFE either way); the rest share.
+        shared = [(req.session, st) for _, req, st in step if req.ahead_row is None]
+        shared_logits = iter(many(shared) if many is not None else [s.block_logits(st) for s, st in shared])
+        outs = [run_round(req, st) if req.ahead_row is not None else (next(shared_logits), None)
+                for _, req, st in step]
+        for (i, req, _), (lg, ahead) in zip(step, outs, strict=True):
             try:
-                req.advance(lg)
+                req.advance(lg, ahead)
             except NonFiniteLogitsError as err:
                 raise NonFiniteLogitsError(err.block, err.round, request=i) from None  # which job, for the caller
         still = []

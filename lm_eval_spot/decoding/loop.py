@@ -50,6 +50,10 @@ class DecodeConfig:
     # Batch invariance: pad every forward (control's included) to this many replica rows with copies of the
     # root, so a state's logits never depend on how many other states shared its forward (0: no padding).
     pad_rows: int = 0
+    # Cross-block lookahead: when a round's tree reaches a completion of the active block, the same forward also
+    # scores the next block's all-mask state after that completion (an adapter with `block_logits_ahead`); those
+    # logits are the next block's stale conditionals, so its first round drafts too. Never changes the output.
+    lookahead: bool = False
 
     def __post_init__(self) -> None:
         if self.max_gen_toks <= 0:
@@ -89,6 +93,18 @@ class RoundTiming:
 
 
 @dataclass
+class LookaheadCount:
+    """Cross-block lookahead of one request: forwards that carried a lookahead row, blocks finished in such a
+    forward exactly as the row's completion said (usable as the next block's true first-forward logits), and
+    blocks whose first round drafted from lookahead logits."""
+
+    rows: int = 0
+    exact: int = 0
+    used: int = 0
+    later_blocks: int = 0  # blocks begun after the first (the ones a lookahead can serve)
+
+
+@dataclass
 class DecodeResult:
     token_ids: list[int]  # generated ids, cut before the first stop id / after the token completing a stop string
     stop_reason: str  # "eos" | "until" | "length"
@@ -100,6 +116,7 @@ class DecodeResult:
     wall_s: float = 0.0
     host_bytes: int = 0  # bytes read back from the target's device (what a GPU run transfers)
     timing: RoundTiming = field(default_factory=lambda: RoundTiming())
+    lookahead: LookaheadCount = field(default_factory=lambda: LookaheadCount())
 
 
 def _first_stop(ids: list[int], stop_ids: frozenset[int]) -> int | None:
@@ -123,9 +140,24 @@ def decode(
     """
     req = RequestDecode(adapter, prompt_ids, cfg, seed, stop_check, proposer, observer, verify)
     while (states := req.next_states()) is not None:
-        req.advance(req.session.block_logits(states))
+        req.advance(*run_round(req, states))
     assert req.result is not None
     return req.result
+
+
+def _under_lead(tree: DraftTree, lead: tuple[int, int], budget: int | None) -> DraftTree:
+    """`tree` re-rooted under one leading edge, within the proposer's budget (its size when it has none): the
+    last nodes go, which are leaves (tree order puts parents first, so the rest stays a tree)."""
+    keep = max(1, min(tree.size + 1, budget if budget is not None else tree.size))
+    parent = ((0,) + tuple(p + 1 for p in tree.parent))[:keep]
+    return DraftTree(parent, ((lead[0],) + tree.pos)[:keep], ((lead[1],) + tree.tok)[:keep])
+
+
+def run_round(req: RequestDecode, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target forward of one request's round: logits of `states`, and the lookahead logits when it asked."""
+    if req.ahead_row is None:
+        return req.session.block_logits(states), None
+    return req.session.block_logits_ahead(states, req.ahead_row)  # type: ignore[attr-defined]
 
 
 class RequestDecode:
@@ -170,11 +202,19 @@ class RequestDecode:
         self.prev_path: tuple[int, ...] | None = None
         self.on_verify = getattr(observer, "on_verify", None) if observer is not None else None
         self.result: DecodeResult | None = None
+        self.ahead = LookaheadCount()
+        self._carry: torch.Tensor | None = None  # the next block's logits from a lookahead row
+        self._can_look = (proposer is not None and cfg.lookahead and not cfg.pad_rows
+                          and hasattr(self.session, "block_logits_ahead"))
         # The round in flight (set by next_states, read by advance).
         self._tree = DraftTree.empty()
         self._states: torch.Tensor | None = None
         self._q: torch.Tensor | None = None
         self._asked = False
+        self._led = False  # this round's tree starts with the lead edge (see `_lead`)
+        self._fresh = False
+        self.ahead_row: int | None = None  # the forward row holding this round's lookahead completion
+        self._completion: torch.Tensor | None = None
         self._t_round = self._t_forward = 0.0
         self._start_block()
 
@@ -188,7 +228,13 @@ class RequestDecode:
         # Drawn once per block, on the device (a pure function of (seed, block, position, token): no transfer).
         V = self.adapter.info.vocab_size
         self.gumbel = gumbel_rows(self.seed, self.block, L, V, self.dev) if self.cfg.temperature > 0 else None
-        self.stale_src: torch.Tensor | None = None  # [L, V] device logits of the deepest accepted node
+        # [L, V] device logits of the deepest accepted node; in a block's first round the lookahead's, if any.
+        self.stale_src: torch.Tensor | None = self._carry
+        # Lookahead logits are the root's OWN logits (up to float rounding), not a parent's: see `_lead`.
+        self._fresh = self._carry is not None
+        self.ahead.used += int(self._fresh)
+        self.ahead.later_blocks += int(self.block > 0)
+        self._carry = None
 
     def next_states(self) -> torch.Tensor | None:
         """The replica states [1 + D, L] of the next round (root first), or None when the request is done."""
@@ -206,29 +252,77 @@ class RequestDecode:
         self._q = None
         # Rejection sampling drafts nothing in a block's first round (its proposal q needs stale conditionals).
         self._asked = self.proposer is not None and (not self.rejection or self.stale_src is not None)
+        stale: Stale | None = None
+        lead: tuple[int, int] | None = None
         if self.proposer is not None and self._asked:
             # Under rejection, positions come from the proposer at T=0 (they never depend on sampled tokens)
             # and tokens are drawn from q.
             temp, noise = (0.0, None) if self.rejection else (self.cfg.temperature, self.gumbel)
             src = self.stale_src
             stale = summarize(src[None], self.link, temp, noise)[0] if src is not None else None
-            tree = self.proposer.propose(RoundContext(self.state, eligible, self.state != mask_id, stale, temp, noise,
-                                                      mask_id, self.block, self.prev_path))
+            lead = self._lead(eligible, temp, noise) if self._fresh and not self.rejection else None
+            base = self.state.clone()
+            if lead is not None:
+                base[lead[0]] = lead[1]
+            tree = self.proposer.propose(RoundContext(base, (base == mask_id) & self.window, base != mask_id, stale,
+                                                      temp, noise, mask_id, self.block, self.prev_path))
+            if lead is not None:
+                tree = _under_lead(tree, lead, getattr(self.proposer, "budget", None))
             if self.rejection:
                 assert src is not None
                 self._q = proposal_probs(src, list(tree.pos), self.cfg.temperature)
                 rng = torch.Generator().manual_seed(mix_seed("draft", self.seed, self.block, self.rounds))
                 tree = sample_chain_tokens(tree, self._q, rng)
+        self._fresh = False
+        self._led = lead is not None
         self._tree = tree
         self._states = compile_states(self.state, tree)
+        rows = self._plan_lookahead(self._states, stale) if self._can_look else self._states
         self._t_forward = time.perf_counter()
         pad = self.cfg.pad_rows - self._states.shape[0]
         if self.cfg.pad_rows and pad < 0:
             raise ValueError(f"a round drafted {tree.size} states: more than pad_rows={self.cfg.pad_rows} allows")
-        return torch.cat([self._states, self._states[:1].expand(pad, -1)]) if pad > 0 else self._states
+        return torch.cat([self._states, self._states[:1].expand(pad, -1)]) if pad > 0 else rows
 
-    def advance(self, logits: torch.Tensor) -> None:
-        """Apply the round: logits [1 + D, L, V] of `next_states()`'s states, on the target's device."""
+    def _lead(self, eligible: torch.Tensor, temp: float, noise: torch.Tensor | None) -> tuple[int, int] | None:
+        """The target's own transition at the root, read off lookahead logits (the root's own, up to float
+        rounding): drafted as the tree's first edge, with the proposer's tree grown below it. The proposer then
+        sees what it sees in every other round: a state one commit past the state its stale conditionals are of."""
+        assert self.stale_src is not None
+        pos, tok = transition(self.stale_src[None], eligible[None].to(self.dev), temp, noise)
+        p, t = int(pos[0]), int(tok[0])
+        return (p, t) if p >= 0 else None
+
+    def _plan_lookahead(self, states: torch.Tensor, stale: Stale | None) -> torch.Tensor:
+        """Pick this round's completion of the active block, if the round can finish it: the first state with the
+        fewest masked slots, when at most one is left (the round's own transition commits one more), that last
+        slot filled with the stale guess the drafters use. Returns the forward's rows (the completion appended
+        when it is not a drafted state already)."""
+        self.ahead_row, self._completion = None, None
+        info = self.adapter.info
+        if self.session.block_start + info.block_len >= self.gen_end:
+            return states  # no next block inside the generation
+        open_ = (states == info.mask_id) & self.window
+        left = open_.sum(dim=1)
+        row = int(left.argmin())
+        if int(left[row]) > 1:
+            return states
+        completion = states[row].clone()
+        if int(left[row]) == 1:
+            if stale is None:
+                return states
+            slot = int(open_[row].nonzero()[0])
+            guess = stale.draw_tok if stale.draw_tok is not None else stale.top_ids[:, 0]
+            completion[slot] = int(guess[slot])
+            row = states.shape[0]
+        if any(int(t) in info.stop_ids for t in completion[self.window].tolist()):
+            return states  # the generation ends in this block: nothing to look ahead to
+        self.ahead_row, self._completion = row, completion
+        return torch.cat([states, completion[None]]) if row == states.shape[0] else states
+
+    def advance(self, logits: torch.Tensor, ahead: torch.Tensor | None = None) -> None:
+        """Apply the round: logits [1 + D, L, V] of `next_states()`'s states, on the target's device, and the
+        next block's lookahead logits [L, V] when the round asked for them (`ahead_row`)."""
         assert self._states is not None, "advance() without next_states()"
         info, cfg, dev = self.adapter.info, self.cfg, self.dev
         mask_id, tree, states = info.mask_id, self._tree, self._states
@@ -260,7 +354,11 @@ class RequestDecode:
                 raise NonFiniteLogitsError(self.block, self.rounds)
             path = accepted_path(tree, tpos, ttok)
         nodes = [0, *path]
-        self.prev_path = tuple(path) if self._asked else None  # feedback only on a tree the proposer made
+        # Feedback only on a tree the proposer made, in its own node numbering (under a lead edge: shifted by one).
+        if self._led:
+            self.prev_path = tuple(n - 1 for n in path[1:]) if path else ()
+        else:
+            self.prev_path = tuple(path) if self._asked else None
         if self.on_verify is not None:
             self.on_verify(self.block, tree, path, tpos, ttok)
         if self.observer is not None:
@@ -284,6 +382,16 @@ class RequestDecode:
         self.accepted.append(len(path))
         self.stale_src = logits[last]
         self._states = None
+        if self.ahead_row is not None:
+            if ahead is None:
+                raise ValueError("the round asked for lookahead logits and got none")
+            self.ahead.rows += 1
+            if not bool(((self.state == mask_id) & self.window).any()):
+                if torch.equal(self.state, self._completion):  # else they are conditioned on another block
+                    self.ahead.exact += 1
+                    ahead[..., mask_id] = float("-inf")  # as every round's logits (never a commit candidate)
+                    self._carry = ahead
+            self.ahead_row = self._completion = None
         self.timing.add(draft=self._t_forward - self._t_round, forward=tv - self._t_forward,
                         rest=time.perf_counter() - tv)
         self._check_stop()
@@ -310,5 +418,6 @@ class RequestDecode:
 
     def _finish(self, ids: list[int], reason: str) -> None:
         self.result = DecodeResult(ids, reason, self.session.nfe, self.committed, self.rounds, self.drafted,
-                                   self.accepted, time.perf_counter() - self.t0, self.link.bytes, self.timing)
+                                   self.accepted, time.perf_counter() - self.t0, self.link.bytes, self.timing,
+                                   self.ahead)
 

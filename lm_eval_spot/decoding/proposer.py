@@ -34,6 +34,9 @@ class RoundContext:
 class Proposer(Protocol):
     def propose(self, ctx: RoundContext) -> DraftTree: ...
 
+    # Optional: `budget` (int), the most states a round of this proposer drafts. The loop keeps a tree it extends
+    # (cross-block lookahead's leading edge) within it; without it, within the tree's own size.
+
 
 def token_hypotheses(ctx: RoundContext, hedge_below: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per slot up to two (token, stale probability) hypotheses: [L, 2] tokens and probs (prob 0 = none).

@@ -87,6 +87,10 @@ class TreeProposer:
         self.order = order
         self.cfg = cfg
 
+    @property
+    def budget(self) -> int:
+        return self.cfg.budget
+
     def propose(self, ctx: RoundContext) -> DraftTree:
         return self.grow(ctx).tree
 
