@@ -195,6 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats,
         "rows": [r.summary() for r in rows.values()],
         "auto_vs_best_fixed": auto_vs_best_fixed(rows),
+        "spot_vs_baselines": spot_vs_baselines(rows),
     }
 
 
@@ -227,6 +228,30 @@ def auto_vs_best_fixed(rows: dict[tuple[str, Any, float], Row]) -> list[dict[str
     return out
 
 
+def spot_vs_baselines(rows: dict[tuple[str, Any, float], Row]) -> dict[str, list[dict[str, Any]]]:
+    """Per temperature: at each fixed budget, SPOT's NFE against the fewest of the training-free baselines (free
+    chain, confidence tree, graph) at that budget (the fewest of the SPOT modes run); and the best SPOT configuration's median throughput ratio
+    (any SPOT mode and budget, auto included) against the best graph configuration's."""
+    nfe, speed = [], []
+    for T in sorted({k[2] for k in rows}):
+        at_t = {(m, D): r for (m, D, T2), r in rows.items() if T2 == T and r.nfe}
+        for D in sorted({D for _, D in at_t if isinstance(D, int)}):
+            base = [(m, sum(r.nfe) / len(r.nfe)) for (m, D2), r in at_t.items() if D2 == D and m in BASELINES]
+            spots = [(m, sum(r.nfe) / len(r.nfe)) for (m, D2), r in at_t.items() if D2 == D and m.startswith("spot")]
+            if base and spots:
+                m, b = min(base, key=lambda x: x[1])
+                sm, s_nfe = min(spots, key=lambda x: x[1])
+                nfe.append({"temperature": T, "budget": D, "spot": sm, "spot_nfe": s_nfe, "best_baseline": m,
+                            "baseline_nfe": b, "fewer_nfe": 1.0 - s_nfe / b})
+        spots = [(f"{m} D={D}", statistics.median(r.ratio)) for (m, D), r in at_t.items() if m.startswith("spot")]
+        graphs = [(f"graph D={D}", statistics.median(r.ratio)) for (m, D), r in at_t.items() if m == "graph"]
+        if spots and graphs:
+            bs, bg = max(spots, key=lambda x: x[1]), max(graphs, key=lambda x: x[1])
+            speed.append({"temperature": T, "best_spot": bs[0], "spot_ratio": bs[1], "best_graph": bg[0],
+                          "graph_ratio": bg[1], "spot_over_graph": bs[1] / bg[1]})
+    return {"nfe": nfe, "throughput": speed}
+
+
 def markdown_table(res: dict[str, Any]) -> str:
     head = ("| method | D | T | n | accuracy | NFE/sample | NFE reduction | tokens/forward | accepted/round | "
             "throughput ratio [q25, q75] | lowest | exact-match-to-control |")
@@ -245,6 +270,17 @@ def markdown_table(res: dict[str, Any]) -> str:
             f"throughput ({c['best_fixed']}); paired per problem, median {c['paired_median']:.3f} "
             f"[{c['paired_q25']:.3f}, {c['paired_q75']:.3f}]"
         )
+    vs = res.get("spot_vs_baselines") or {}
+    if vs.get("nfe"):
+        lines.append("\n| T | D | fewest SPOT NFE | fewest baseline NFE | SPOT fewer by |")
+        lines.append("|---|---|---|---|---|")
+        for c in vs["nfe"]:
+            lines.append(f"| {c['temperature']:g} | {c['budget']} | {c['spot_nfe']:.2f} ({c['spot']}) | {c['baseline_nfe']:.2f} "
+                         f"({c['best_baseline']}) | {c['fewer_nfe']:.1%} |")
+    for c in vs.get("throughput", []):
+        lines.append(f"\nT={c['temperature']:g}: best SPOT configuration {c['best_spot']} at {c['spot_ratio']:.2f}x "
+                     f"control, best graph {c['best_graph']} at {c['graph_ratio']:.2f}x: "
+                     f"{c['spot_over_graph']:.3f}x the graph's throughput")
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
-         "tests/test_control_decoder.py"]
+         "tests/test_control_decoder.py", "tests/test_lookahead.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -38,6 +38,16 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "own = torch.matmul(qg, k.roll(1, 0).unsqueeze(2).transpose(-1, -2))"),
     ("stale conditionals from the root instead of the deepest accepted node", "lm_eval_spot/decoding/loop.py",
      "stale_src = logits[last]", "stale_src = logits[0]"),
+    ("lookahead row does not read the completion's keys", "lm_eval_spot/adapters/prefix_attention.py",
+     "ext = (torch.cat([kp, ka], -2), torch.cat([vp, va], -2)) if kp is not None else (ka, va)",
+     "ext = (kp, vp) if kp is not None else None"),
+    ("next block's stale taken from the completion row, not the lookahead row", "lm_eval_spot/decoding/loop.py",
+     "                    self._carry = ahead\n",
+     "                    self._carry = logits[min(self.ahead_row, logits.shape[0] - 1)]\n"),
+    ("lookahead logits keep the mask token as a candidate", "lm_eval_spot/decoding/loop.py",
+     '                    ahead[..., mask_id] = float("-inf")', "                    pass"),
+    ("leading edge at the wrong slot", "lm_eval_spot/decoding/loop.py",
+     "        return (p, t) if p >= 0 else None", "        return ((p + 1) % eligible.shape[0], t) if p >= 0 else None"),
 ]
 
 

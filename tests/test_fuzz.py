@@ -160,6 +160,7 @@ def cases(draw):
         # One more stop id (an end-of-turn id that is an ordinary character), so that eos stops happen too.
         extra_stop=draw(st.none() | st.sampled_from(CHARS)),
         oracle_stale_only=draw(st.booleans()),  # mode=oracle: silent in a block's first round, or not (lm.py's)
+        lookahead=draw(st.booleans()),  # cross-block lookahead (block-causal kinds; the others have none)
     )
     return c
 
@@ -183,7 +184,7 @@ def check_case(kind: str, c: dict) -> None:
     tok = tokenizer()
     adapter = make_adapter(kind, c["seed"], c["scale"], c["L"], c["extra_stop"])
     prompt = tok(c["prompt"], add_special_tokens=False)["input_ids"]
-    cfg = DecodeConfig(max_gen_toks=c["max_gen_toks"], temperature=c["T"])
+    cfg = DecodeConfig(max_gen_toks=c["max_gen_toks"], temperature=c["T"], lookahead=c["lookahead"])
     until = list(c["until"])
     if c["until_from_output"] is not None:
         text = tok.decode(decode(adapter, prompt, cfg, c["req_seed"]).token_ids, skip_special_tokens=True)

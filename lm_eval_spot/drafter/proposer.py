@@ -11,6 +11,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from lm_eval_spot.decoding.proposer import RoundContext, token_hypotheses
@@ -109,7 +110,8 @@ class TreeProposer:
         c_tok: list[int] = []
         c_mass: list[float] = []
         c_depth: list[int] = []
-        depth_of: dict[int, torch.Tensor] = {-1: torch.zeros(L, dtype=torch.long)}
+        # Host bookkeeping in numpy: per level it is a handful of tiny ops, where torch's per-call cost dominates.
+        depth_of: dict[int, np.ndarray] = {-1: np.zeros(L, dtype=np.int64)}
         mass_of = {-1: 1.0}
         frontier = [-1]
         selected: list[int] = []
@@ -121,12 +123,14 @@ class TreeProposer:
         chain = self.cfg.chain
         while frontier := self._expand(frontier, mass_of, selected, c_mass, c_depth):
             min_mass = self._mass_floor()
-            maps = torch.stack([depth_of[n] for n in frontier])
+            maps = torch.from_numpy(np.stack([depth_of[n] for n in frontier]))
             q = self.order.probs(prep, ctx, maps)
             # A stable sort: equal probabilities (saturated confidences are common) go lowest slot first, as the
             # target's own tie-break does (topk would pick among ties arbitrarily); candidate order is the
             # tie-break of every later selection.
-            qv, qi = torch.sort(q, dim=-1, descending=True, stable=True)
+            qn = q.numpy()
+            qi = np.argsort(-qn, axis=-1, kind="stable")  # descending, equal values in slot order
+            qv = np.take_along_axis(qn, qi, axis=-1)
             for row, node in enumerate(frontier):
                 base = mass_of[node]
                 node_best = 0.0
@@ -156,7 +160,7 @@ class TreeProposer:
             for c in selected:
                 if c in depth_of or c_depth[c] >= n_elig:
                     continue
-                dm = depth_of[c_parent[c]].clone()
+                dm = depth_of[c_parent[c]].copy()
                 dm[c_pos[c]] = c_depth[c]
                 depth_of[c], mass_of[c] = dm, c_mass[c]
                 frontier.append(c)
