@@ -121,6 +121,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for D in args.budgets:
             if m != "oracle":
                 proposers[(m, D)] = make_proposer(MethodSpec(m, D, args.gamma), drafter, graph)
+    # Other drafters side by side with the main one (rows "spot@NAME", "spot-gamma@NAME"): paired in one run.
+    for name, path in args.drafters:
+        other = load_drafter(Path(path), L)[0].to(adapter.device)
+        for m in ("spot", "spot-gamma"):
+            if m in args.methods:
+                for D in args.budgets:
+                    proposers[(f"{m}@{name}", D)] = make_proposer(MethodSpec(m, D, args.gamma), other)
     costs = None
     if args.auto:
         costs = measure_costs(adapter, drafter, gen_length=args.max_gen_toks or 256)  # the canvas the run uses
@@ -189,7 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "torch": torch.__version__, "device": args.device,
                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else None},
         "n": args.n, "max_gen_toks": args.max_gen_toks, "block_len": L, "gamma": args.gamma,
-        "lookahead": args.lookahead,
+        "lookahead": args.lookahead, "drafter": args.drafter or "shipped",
+        "other_drafters": dict(args.drafters),
         "wall_s": time.perf_counter() - t_start,
         "auto_costs": asdict(costs) if costs is not None else None,
         "repeats": args.repeats,
@@ -256,7 +264,7 @@ def markdown_table(res: dict[str, Any]) -> str:
     head = ("| method | D | T | n | accuracy | NFE/sample | NFE reduction | tokens/forward | accepted/round | "
             "throughput ratio [q25, q75] | lowest | exact-match-to-control |")
     lines = [head, "|" + "---|" * 12]
-    for r in sorted(res["rows"], key=lambda r: (r["temperature"], _mkey(r["method"]), _bkey(r["budget"]))):
+    for r in sorted(res["rows"], key=lambda r: (r["temperature"], _mkey(r["method"]), r["method"], _bkey(r["budget"]))):
         lines.append(
             f"| {r['method']} | {r['budget']} | {r['temperature']:g} | {r['n']} | {r['accuracy']:.3f} | "
             f"{r['nfe_per_sample']:.1f} | {r['nfe_reduction']:.2f}x | {r['tokens_per_forward']:.2f} | "
@@ -347,6 +355,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--include_path", default=None, help="extra lm-eval task folder")
     ap.add_argument("--apply_chat_template", action="store_true", help="prompts through the tokenizer's chat template")
     ap.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
+    ap.add_argument("--drafters", default="",
+                    help="more drafters for spot and spot-gamma rows in the same run: NAME=FOLDER,... (rows spot@NAME)")
     ap.add_argument("--graph", default=None, help="calibrated draft graph (default: the shipped one)")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma list from {', '.join(METHODS)}")
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
@@ -369,6 +379,11 @@ def main(argv: list[str] | None = None) -> None:
     if a.quick:
         a.n = min(a.n, 12)
     a.methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    try:
+        a.drafters = [tuple(x.split("=", 1)) for x in a.drafters.split(",") if x.strip()]
+        assert all(len(x) == 2 and x[0] and x[1] for x in a.drafters)
+    except AssertionError:
+        ap.error("--drafters takes NAME=FOLDER pairs, comma-separated")
     bad = sorted(set(a.methods) - set(METHODS))
     if bad:
         ap.error(f"unknown method(s) {', '.join(bad)}; accepted: {', '.join(METHODS)}")

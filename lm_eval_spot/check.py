@@ -180,7 +180,7 @@ def check_exactness(args: SpotArgs, loaded: LoadedTarget, prompts: list[list[int
     proposer, what = _proposer(args, loaded)
     rows = []
     for T in (0.0, 1.0):
-        cfg = DecodeConfig(max_gen_toks=max_toks, temperature=T)
+        cfg = DecodeConfig(max_gen_toks=max_toks, temperature=T, lookahead=args.lookahead)  # as runs decode
         same, nfe_c, nfe_s, first_diff = 0, 0, 0, None
         for i, prompt in enumerate(prompts):
             c = decode(loaded.adapter, prompt, cfg, seed=i)
