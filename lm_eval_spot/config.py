@@ -31,6 +31,14 @@ def default_drafter_path() -> Path:
     return Path(__file__).parent / "assets" / "spot-arith-drafter"
 
 
+# Drafters shipped for the embedded target, by name (drafter=NAME): the paper-size one is the default.
+SHIPPED_DRAFTERS = {"paper": "spot-arith-drafter", "small": "spot-arith-drafter-small"}
+
+
+def shipped_drafter_path(name: str) -> Path:
+    return Path(__file__).parent / "assets" / SHIPPED_DRAFTERS[name]
+
+
 def default_graph_path() -> Path:
     """The draft graph calibrated on the embedded target (mode=graph), shipped inside the package."""
     return Path(__file__).parent / "assets" / "spot-arith-graph.json"
@@ -177,7 +185,8 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
     if raw.get("seed") is not None:
         args["seed"] = _as_int("seed", raw["seed"], 0)
     if raw.get("drafter") is not None:
-        args["drafter"] = str(raw["drafter"])
+        name = str(raw["drafter"])
+        args["drafter"] = str(shipped_drafter_path(name)) if name in SHIPPED_DRAFTERS else name
     if raw.get("budget") is not None:
         if str(raw["budget"]).lower() == "auto":
             args["budget"] = "auto"
@@ -225,7 +234,7 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         if not (drafter / "drafter.json").is_file():
             raise SpotArgError(
                 f"spot-dlm: drafter={str(drafter)!r} is not a drafter folder (no drafter.json); accepted: a folder "
-                "written by python -m lm_eval_spot.drafter.train, or mode=control"
+                "written by python -m lm_eval_spot.drafter.train, a shipped one by name (paper, small), or mode=control"
             )
     return out
 

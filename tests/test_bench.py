@@ -51,3 +51,34 @@ def test_bench_takes_prompts_and_scoring_from_a_stock_lm_eval_task(tmp_path, mon
     res = json.loads((out / "results.json").read_text())
     assert res["task"] == "gsm8k"
     assert all(r["n"] == 1 and r["exact_match_to_control"] == 1.0 for r in res["rows"])
+
+
+def test_bench_runs_other_drafters_and_compares_spot_with_the_baselines(tmp_path):
+    """--drafters adds spot@NAME rows in the same paired run; the results say SPOT's NFE against the fewest
+    baseline NFE per budget and the best SPOT throughput against the best graph's; lookahead counts per row."""
+    from lm_eval_spot.config import default_drafter_path
+
+    out = tmp_path / "bench"
+    main(["--n", "1", "--methods", "graph,free-chain,spot", "--budgets", "4,8", "--temps", "0", "--no-auto",
+          "--threads", "1", "--drafters", f"again={default_drafter_path()}", "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    rows = {(r["method"], r["budget"]): r for r in res["rows"]}
+    for D in (4, 8):
+        # the same drafter under another name: the same trees, so the same NFE
+        assert rows[("spot@again", D)]["nfe_per_sample"] == rows[("spot", D)]["nfe_per_sample"]
+        assert rows[("spot", D)]["lookahead"]["later_blocks"] >= 1
+    assert res["other_drafters"] == {"again": str(default_drafter_path())}
+    nfe = {c["budget"]: c for c in res["spot_vs_baselines"]["nfe"]}
+    for D in (4, 8):
+        fewest = min(rows[(m, D)]["nfe_per_sample"] for m in ("graph", "free-chain"))
+        assert nfe[D]["baseline_nfe"] == fewest
+        assert nfe[D]["fewer_nfe"] == pytest.approx(1 - nfe[D]["spot_nfe"] / fewest)
+    (speed,) = res["spot_vs_baselines"]["throughput"]
+    assert speed["best_graph"].startswith("graph D=") and speed["spot_over_graph"] > 0
+    table = (out / "table.md").read_text()
+    assert "| spot@again | 4 |" in table and "SPOT fewer by" in table and "the graph's throughput" in table
+
+
+def test_bench_rejects_a_bad_drafters_list(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--n", "1", "--drafters", "nameonly", "--out", str(tmp_path)])

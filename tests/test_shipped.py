@@ -55,3 +55,16 @@ def test_shipped_drafter_beats_the_drafter_free_baselines_on_nfe():
         lm.generate_until(requests())
         nfe[mode] = lm.get_model_info()["spot"]["nfe_per_sample"]
     assert nfe["spot"] < 0.95 * min(nfe["graph"], nfe["free-chain"]), nfe
+
+
+def test_shipped_drafters_by_name_load_and_are_exact():
+    """drafter=small / drafter=paper name the two shipped drafters (folders inside the package)."""
+    from lm_eval_spot.config import parse_args, shipped_drafter_path
+    from lm_eval_spot.drafter.model import load_drafter
+
+    assert parse_args({"drafter": "small"}).drafter == str(shipped_drafter_path("small"))
+    assert parse_args({"drafter": "paper"}).drafter == str(default_drafter_path())
+    small, _ = load_drafter(shipped_drafter_path("small"), 32)
+    paper, _ = load_drafter(default_drafter_path(), 32)
+    n_small, n_paper = (sum(p.numel() for p in m.parameters()) for m in (small, paper))
+    assert n_small == 115_170 and n_paper == 608_610
