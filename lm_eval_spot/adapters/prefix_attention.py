@@ -83,7 +83,8 @@ class PrefixPass:
             cols[: N - L] = float("-inf")
             parts_k = ([kp] if kp is not None else []) + [ka, k[R:]]
             parts_v = ([vp] if vp is not None else []) + [va, v[R:]]
-            mask = torch.cat(([self.new_mask.new_zeros(N, kp.shape[-2])] if kp is not None else []) + [cols, self.new_mask], -1)
+            pre_cols = [self.new_mask.new_zeros(N, kp.shape[-2])] if kp is not None else []
+            mask = torch.cat(pre_cols + [cols, self.new_mask], -1)
             g = q.shape[1] // k.shape[1]
             kk = torch.cat(parts_k, -2).repeat_interleave(g, dim=1)
             vv = torch.cat(parts_v, -2).repeat_interleave(g, dim=1)
