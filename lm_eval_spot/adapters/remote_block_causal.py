@@ -58,6 +58,9 @@ class RemoteBlockCausalSession(BlockCausalSession):
     """One request: stored prefix KV, pending complete blocks, NFE counter (`BlockCausalSession`'s bookkeeping;
     only the forward differs)."""
 
+    # The official attention code takes no extra keys for a row, so there is no lookahead row here.
+    block_logits_ahead = None
+
     def allowed(self, P: int, L: int) -> torch.Tensor:
         """Bool [P + L, cached + P + L]: every new token sees the whole cached prefix; pending blocks see each
         other block-causally and not the active block; the active block sees everything (itself bidirectionally)."""

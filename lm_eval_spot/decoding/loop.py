@@ -205,7 +205,7 @@ class RequestDecode:
         self.ahead = LookaheadCount()
         self._carry: torch.Tensor | None = None  # the next block's logits from a lookahead row
         self._can_look = (proposer is not None and cfg.lookahead and not cfg.pad_rows
-                          and hasattr(self.session, "block_logits_ahead"))
+                          and callable(getattr(self.session, "block_logits_ahead", None)))
         # The round in flight (set by next_states, read by advance).
         self._tree = DraftTree.empty()
         self._states: torch.Tensor | None = None
