@@ -1,7 +1,7 @@
 """Cross-block lookahead: a round that can finish the active block also scores the next block's all-mask state in
 the same forward, and the next block's first round drafts from those logits.
 
-Checked against independent recomputations (a cache-free forward with its own block-causal mask, written here)
+Checked against independent recomputations (the reference's cache-free forward with a block-causal mask)
 and against the naive reference decoder (tests/reference.py): the output never changes, whatever the drafter,
 the forward still counts one NFE, and the rows the verifier reads are bit-identical to a forward without the
 lookahead row.
@@ -12,8 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_spot.adapters.base import TargetInfo
-from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.proposer import RoundContext
@@ -21,39 +19,14 @@ from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.proposer import SpotProposer, StaleConfidenceOrder, TreeConfig, TreeProposer
 
+from reference import _forward as full_forward
 from reference import reference_decode
-from tiny import build_model
-
-V, MASK, EOS = 40, 2, 1
-CASES = [(11, 1.0, 8, 5, 3), (12, 1.0, 4, 9, 4), (13, 1.0, 16, 3, 5), (14, 40.0, 8, 11, 6), (15, 40.0, 4, 2, 7)]
-
-
-def make(seed: int, scale: float, L: int) -> BlockCausalAdapter:
-    model = build_model(V, seed=seed, block_length=L, embed_scale=scale)
-    return BlockCausalAdapter(model, TargetInfo(MASK, frozenset({EOS}), L, "zero", True, V))
-
-
-def prompt_of(n: int, seed: int) -> list[int]:
-    return torch.randint(5, V, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+from test_decoder_reference import CASES, EOS, MASK, V, Log, _block_tokens, make, prompt_of
 
 
 def full_block_logits(model, ids: list[int], start: int, L: int) -> torch.Tensor:
-    """Logits [L, V] of positions start..start+L of `ids`, by one cache-free forward with a block-causal mask."""
-    n = len(ids)
-    blk = torch.arange(n) // L
-    mask = torch.zeros(n, n)
-    mask[blk[None, :] > blk[:, None]] = torch.finfo(torch.float32).min
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), attention_mask=mask[None, None], position_ids=torch.arange(n)[None])
-    return out.logits[0, start : start + L].float()
-
-
-class Log:
-    def __init__(self) -> None:
-        self.blocks: dict[int, list[tuple[int, int]]] = {}
-
-    def on_commit(self, block, state, eligible, stale, pos, tok) -> None:
-        self.blocks.setdefault(block, []).append((pos, tok))
+    """Logits [L, V] of positions start..start+L of `ids`, by the reference's cache-free block-causal forward."""
+    return full_forward(model, ids, L)[start : start + L]
 
 
 class TrueChain:
@@ -160,7 +133,6 @@ def test_first_round_drafts_from_the_next_blocks_own_logits():
     spy = TrueChain(log, L)
     res = decode(adapter, prompt, DecodeConfig(max_gen_toks=n, lookahead=True), seed=1, proposer=spy)
     assert res.lookahead.used >= 2
-    done: list[int] = list(prompt)
     checked = 0
     for ctx in spy.seen:
         start = (len(prompt) // L + ctx.block) * L
@@ -178,13 +150,6 @@ def test_first_round_drafts_from_the_next_blocks_own_logits():
         torch.testing.assert_close(ctx.stale.topk, top, rtol=0, atol=1e-5)
         checked += 1
     assert checked >= 2
-    assert done == list(prompt)
-
-
-def _block_tokens(log: Log, block: int, prompt: list[int], L: int) -> list[int]:
-    tail = len(prompt) % L if block == 0 else 0
-    toks = dict(log.blocks[block])
-    return [toks[i] for i in range(tail, L)]
 
 
 @pytest.mark.parametrize("T", [0.0, 1.0])
