@@ -8,6 +8,7 @@ import torch
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
+from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.stopping import make_stop_check
 
 from fakes import ScriptedAdapter
@@ -86,6 +87,42 @@ def test_until_string_spanning_two_blocks():
     assert res.stop_reason == "until"
     assert text == "defghi"  # ids kept up to the token completing the stop string
     assert res.nfe.store == 1  # the string was only seen after the second block began
+
+
+class WholeBlockDrafter:
+    """Drafts every eligible slot but one, in the scripted target's own commit order (descending margin, lowest
+    slot on ties), so one round commits the whole block: the committed prefix jumps past everything at once."""
+
+    def __init__(self, adapter: ScriptedAdapter) -> None:
+        self.adapter = adapter
+
+    def propose(self, ctx):
+        start = self.adapter.info.block_len * ctx.block  # the prompt below fills no whole block
+        slots = [int(s) for s in ctx.eligible.nonzero().flatten()]
+        order = sorted(slots, key=lambda s: (-float(self.adapter._margin[start + s]), s))[:-1]
+        toks = [self.adapter.script.get(start + s, 2) for s in order]
+        return DraftTree(tuple(range(len(order))), tuple(order), tuple(toks))
+
+
+@pytest.mark.parametrize("drafted", [False, True])
+def test_the_first_stop_in_the_stream_wins_however_far_a_round_moves(drafted):
+    # A stop string completing at position 9 and a stop id at 12, both in the second block. A round that commits
+    # the whole block passes both at once; control (one commit a round) may see them in either round. Both must
+    # report what the stream says first: the string, with ids kept up to the token completing it.
+    chars = {i: chr(ord("a") + i - 10) for i in range(10, 36)}
+    script = {p: 10 + p for p in range(26)}
+    script[12] = EOS
+    adapter = ScriptedAdapter(script, vocab=V, block_len=8)
+
+    def detok(ids):
+        return "".join(chars.get(i, "?") for i in ids)
+
+    res = decode(adapter, [5, 6, 7], DecodeConfig(max_gen_toks=50), seed=0,
+                 stop_check=make_stop_check(detok, ["ij"]), proposer=WholeBlockDrafter(adapter) if drafted else None)
+    if drafted:
+        assert res.rounds == 2  # each block in one round: the prefix jumped from 8 to 16 past both stops
+    assert res.stop_reason == "until"
+    assert detok(res.token_ids) == "defghij"
 
 
 def test_empty_prompt_decodes_from_empty_prefix():

@@ -406,13 +406,15 @@ class RequestDecode:
         if len(prefix) <= self.checked_len:
             return
         self.checked_len = len(prefix)
+        # Whichever stop comes first in the id stream wins, however far this round moved the prefix: a speculative
+        # round can pass a stop string and a later stop id at once, where control saw the string first.
         cut = _first_stop(prefix, self.adapter.info.stop_ids)
-        if cut is not None:
-            self._finish(prefix[:cut], "eos")
-            return
-        keep = self.stop_check(prefix) if self.stop_check is not None else None
+        head = prefix if cut is None else prefix[:cut]
+        keep = self.stop_check(head) if self.stop_check is not None and head else None
         if keep is not None:
-            self._finish(prefix[:keep], "until")
+            self._finish(head[:keep], "until")
+        elif cut is not None:
+            self._finish(head, "eos")
         elif len(prefix) >= self.cfg.max_gen_toks:
             self._finish(prefix, "length")
 
