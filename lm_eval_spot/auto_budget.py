@@ -31,7 +31,7 @@ from lm_eval_spot.decoding.transfer import HostLink
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.model import DrafterModel
 from lm_eval_spot.decoding.proposer import RoundContext
-from lm_eval_spot.drafter.proposer import GrownTree, OrderSource, TreeConfig, TreeProposer
+from lm_eval_spot.drafter.proposer import GrownTree, LearnedOrder, OrderSource, TreeConfig, TreeProposer
 
 log = logging.getLogger("lm_eval.spot")
 
@@ -114,6 +114,7 @@ def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int
     """
     info = adapter.info
     L = info.block_len
+    order = LearnedOrder(drafter)  # the drafter as rounds run it (on the CPU: from its numpy snapshot)
     filler = next(t for t in range(info.vocab_size) if t != info.mask_id and t not in info.stop_ids)
     session, _ = adapter.open([filler] * (2 * L), gen_length)
     block = torch.full((L,), info.mask_id, dtype=torch.long)
@@ -136,13 +137,13 @@ def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int
                 session.block_logits(block[None].repeat(r, 1))
                 t_samples[r].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            prep = drafter.prepare(stale, committed, ~committed)
+            prep = order.prepare(stale, committed, ~committed)
             p_samples.append(time.perf_counter() - t0)
             for n in nodes:
                 maps = torch.zeros(n, L, dtype=torch.long)
                 maps[:, L // 2] = 1
                 t0 = time.perf_counter()
-                drafter.node_probs(prep, maps)
+                order.node_probs(prep, maps)
                 d_samples[n].append(time.perf_counter() - t0)
     costs = CostModel(
         replicas,
@@ -176,6 +177,8 @@ def best_cut(masses: list[float], costs: CostModel, spent_ms: float) -> tuple[in
 
 class AutoBudgetProposer(TreeProposer):
     """The best-first tree with a per-round, cost-aware size (at most cfg.budget nodes)."""
+
+    levelwise = True  # `_expand` prices each level
 
     def __init__(self, order: OrderSource, cfg: TreeConfig, costs: CostModel) -> None:
         super().__init__(order, cfg)

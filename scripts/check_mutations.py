@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
-         "tests/test_control_decoder.py", "tests/test_lookahead.py"]
+         "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -48,6 +48,15 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      '                    ahead[..., mask_id] = float("-inf")', "                    pass"),
     ("leading edge at the wrong slot", "lm_eval_spot/decoding/loop.py",
      "        return (p, t) if p >= 0 else None", "        return ((p + 1) % eligible.shape[0], t) if p >= 0 else None"),
+    ("a stop id wins over an earlier stop string passed in the same round", "lm_eval_spot/decoding/loop.py",
+     "keep = self.stop_check(head) if self.stop_check is not None and head else None",
+     "keep = None if cut is not None else (self.stop_check(head) if self.stop_check is not None and head else None)"),
+    ("best-first ties broken against creation order", "lm_eval_spot/drafter/best_first.py",
+     "c.order.append((rank, k))", "c.order.append((rank, -k))"),
+    ("best-first child forgets its own commit's pair row", "lm_eval_spot/drafter/best_first.py",
+     "_Node(parent.pair + t.pair_t[s], open_,", "_Node(parent.pair, open_,"),
+    ("numpy pass drops a norm's scale when folding it", "lm_eval_spot/drafter/host.py",
+     "m = norm.weight.detach().double()[:, None] * w.T", "m = w.T"),
 ]
 
 

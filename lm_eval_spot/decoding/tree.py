@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -37,16 +38,23 @@ class DraftTree:
 
 
 def compile_states(root: torch.Tensor, tree: DraftTree) -> torch.Tensor:
-    """Replica states [1 + D, L]: row 0 the root, row n node n's hypothetical state."""
-    states = root.unsqueeze(0).repeat(1 + tree.size, 1)
+    """Replica states [1 + D, L] (on the host): row 0 the root, row n node n's hypothetical state."""
+    # Built in numpy from every node's path commits in one scatter: on the CPU, per-node tensor indexing (and
+    # torch's per-op cost at all) is more than the whole tree's arithmetic.
+    states = np.repeat(root.cpu().numpy()[None], 1 + tree.size, axis=0)
     if tree.size:
-        parent = torch.tensor(tree.parent, dtype=torch.long)
-        pos = torch.tensor(tree.pos, dtype=torch.long)
-        tok = torch.tensor(tree.tok, dtype=states.dtype)
-        for j in range(tree.size):
-            states[j + 1] = states[parent[j]]
-            states[j + 1, pos[j]] = tok[j]
-    return states
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[int] = []
+        paths: list[list[int]] = [[]]  # per node: the edges (node indices) from the root to it
+        for j, p in enumerate(tree.parent):
+            path = paths[p] + [j]
+            paths.append(path)
+            rows.extend([j + 1] * len(path))
+            cols.extend(tree.pos[e] for e in path)
+            vals.extend(tree.tok[e] for e in path)
+        states[rows, cols] = vals
+    return torch.from_numpy(states)
 
 
 def accepted_path(tree: DraftTree, target_pos: torch.Tensor, target_tok: torch.Tensor) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -16,7 +17,11 @@ import torch
 
 from lm_eval_spot.decoding.proposer import RoundContext, token_hypotheses
 from lm_eval_spot.decoding.tree import DraftTree
+from lm_eval_spot.decoding.stale import Stale
+from lm_eval_spot.drafter.best_first import grow_best_first
+from lm_eval_spot.drafter.factored import FactoredOrderModel, HostTables
 from lm_eval_spot.drafter.features import MASKED, node_status
+from lm_eval_spot.drafter.host import HostEncoder
 from lm_eval_spot.drafter.model import DrafterModel
 
 
@@ -47,17 +52,33 @@ class OrderSource(Protocol):
 
 
 class LearnedOrder:
-    """SPOT: a trained commit-order model (either architecture: `model.OrderModel` or the factored one)."""
+    """SPOT: a trained commit-order model (either architecture: `model.OrderModel` or the factored one).
+
+    A factored model on the CPU runs from a numpy snapshot of its weights (`host.HostEncoder`, taken here: the
+    model is frozen from now on), and its per-round tables stay numpy (`HostTables`)."""
 
     def __init__(self, model: DrafterModel) -> None:
         self.model = model.eval()
+        on_cpu = isinstance(model, FactoredOrderModel) and model.device.type == "cpu"
+        self.host = HostEncoder.of(model) if on_cpu else None
 
     def begin(self, ctx: RoundContext) -> Any:
         assert ctx.stale is not None
-        # The model may sit on an accelerator (next to the target); the tree logic stays on the CPU.
-        return self.model.prepare(ctx.stale, ctx.committed_before, ctx.eligible)
+        return self.prepare(ctx.stale, ctx.committed_before, ctx.eligible)
 
     def probs(self, prep: Any, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
+        return self.node_probs(prep, depth_maps)
+
+    def prepare(self, stale: Stale, committed: torch.Tensor, eligible: torch.Tensor) -> Any:
+        """The round's once-per-round work (what `budget=auto` times as the drafter's fixed cost)."""
+        if self.host is not None:
+            return self.host.prepare(stale, committed, eligible)
+        # The model may sit on an accelerator (next to the target); the tree logic stays on the CPU.
+        return self.model.prepare(stale, committed, eligible)
+
+    def node_probs(self, prep: Any, depth_maps: torch.Tensor) -> torch.Tensor:
+        if isinstance(prep, HostTables):
+            return torch.from_numpy(prep.node_probs(depth_maps.numpy()))
         return self.model.node_probs(prep, depth_maps)
 
 
@@ -84,6 +105,11 @@ class GrownTree:
 
 
 class TreeProposer:
+    # With host tables (a factored order model on the CPU) the tree grows node by node (`best_first`): the same
+    # tree as the level-wise search, at a fraction of its host work. A subclass whose hooks price whole levels
+    # (budget=auto) sets this to keep the level-wise search.
+    levelwise = False
+
     def __init__(self, order: OrderSource, cfg: TreeConfig) -> None:
         self.order = order
         self.cfg = cfg
@@ -101,9 +127,14 @@ class TreeProposer:
         D = self.cfg.budget
         L = ctx.state.shape[0]
         prep = self.order.begin(ctx)
-        hyp_tok, hyp_p = token_hypotheses(ctx, self.cfg.hedge_below)
-        hyp_tok, hyp_p = hyp_tok.tolist(), hyp_p.tolist()
+        hyp_tok_t, hyp_p_t = token_hypotheses(ctx, self.cfg.hedge_below)
         n_elig = int(ctx.eligible.sum())
+        if isinstance(prep, HostTables) and not self.levelwise:
+            chosen, cand = grow_best_first(prep, hyp_tok_t.numpy(), hyp_p_t.double().numpy(), n_elig, D,
+                                           self.cfg.gamma, self.cfg.chain)
+            tree, nodes = self._as_tree(chosen, cand.parent, cand.pos, cand.tok, cand.depth, cand.order)
+            return GrownTree(tree, tuple(cand.mass[c] for c in nodes), tuple(cand.depth[c] for c in nodes))
+        hyp_tok, hyp_p = hyp_tok_t.tolist(), hyp_p_t.tolist()
         # Candidates: parallel lists; parent -1 is the root.
         c_parent: list[int] = []
         c_pos: list[int] = []
@@ -165,7 +196,7 @@ class TreeProposer:
                 depth_of[c], mass_of[c] = dm, c_mass[c]
                 frontier.append(c)
         selected = self._finish(selected, c_mass, c_depth)
-        tree, nodes = self._as_tree(selected, c_parent, c_pos, c_tok, c_depth)
+        tree, nodes = self._as_tree(selected, c_parent, c_pos, c_tok, c_depth, range(len(c_parent)))
         return GrownTree(tree, tuple(c_mass[c] for c in nodes), tuple(c_depth[c] for c in nodes))
 
     # Hooks for a proposer that sizes the tree per round (budget=auto); fixed budgets expand fully.
@@ -199,11 +230,13 @@ class TreeProposer:
 
     @staticmethod
     def _as_tree(
-        selected: list[int], parent: list[int], pos: list[int], tok: list[int], depth: list[int]
+        selected: list[int], parent: list[int], pos: list[int], tok: list[int], depth: list[int],
+        made: Sequence[Any],
     ) -> tuple[DraftTree, list[int]]:
-        """The tree, and the candidate behind each of its nodes."""
+        """The tree, and the candidate behind each of its nodes (in tree order: by depth, then creation order
+        `made`, a key per candidate)."""
         keep = set(selected)
-        ordered = sorted((c for c in selected if parent[c] == -1 or parent[c] in keep), key=lambda c: (depth[c], c))
+        ordered = sorted((c for c in selected if parent[c] == -1 or parent[c] in keep), key=lambda c: (depth[c], made[c]))
         index = {-1: 0}
         out_parent, out_pos, out_tok, nodes = [], [], [], []
         for c in ordered:
