@@ -175,10 +175,43 @@ def best_cut(masses: list[float], costs: CostModel, spent_ms: float) -> tuple[in
     return best_d, best
 
 
-class AutoBudgetProposer(TreeProposer):
-    """The best-first tree with a per-round, cost-aware size (at most cfg.budget nodes)."""
+class _RoundSize:
+    """budget=auto over the node-by-node search: called on each selected node (mass order), it goes on while an
+    optimistic bound says more nodes could raise the round's best rate: the next j nodes each as likely as this
+    one (calibrated by the largest depth factor), each costing one more expansion."""
 
-    levelwise = True  # `_expand` prices each level
+    def __init__(self, prop: AutoBudgetProposer, node_ms: float) -> None:
+        self.prop = prop
+        self.table = prop.costs.target_table
+        self.budget = min(prop.cfg.budget, prop.costs.max_budget)
+        self.node_ms = node_ms
+        self.top_factor = max(prop._factor)
+        self.expanded = 1  # the root
+        self.spent = prop.costs.prepare_ms + node_ms
+        self.acc = 1.0
+        self.k = 0
+        self.best = 1.0 / (self.table[1] + self.spent)
+        self.start = time.perf_counter()
+
+    def __call__(self, mass: float, depth: int) -> bool:
+        self.k += 1
+        self.acc += self.prop._value(mass, depth)
+        t = self.table
+        self.best = max(self.best, self.acc / (t[1 + self.k] + self.spent))
+        hope = mass * self.top_factor  # no later candidate is heavier
+        for j in range(1, self.budget - self.k + 1):
+            if (self.acc + j * hope) / (t[1 + self.k + j] + self.spent + j * self.node_ms) > self.best:
+                self.expanded += 1
+                self.spent += self.node_ms
+                return True
+        return False
+
+
+class AutoBudgetProposer(TreeProposer):
+    """The best-first tree with a per-round, cost-aware size (at most cfg.budget nodes).
+
+    Over host tables (a factored order model on the CPU) it runs the node-by-node search and stops it with
+    `_RoundSize`; over other order sources the level-wise search, priced level by level (`_expand`)."""
 
     def __init__(self, order: OrderSource, cfg: TreeConfig, costs: CostModel) -> None:
         super().__init__(order, cfg)
@@ -201,6 +234,7 @@ class AutoBudgetProposer(TreeProposer):
         self._accepted = [0.0] * (cfg.budget + 2)
         self._factor = [1.0] * (cfg.budget + 2)
         self._last_tree: GrownTree | None = None
+        self._sizer: _RoundSize | None = None  # the running node-by-node search's stopping rule
 
     def for_request(self) -> AutoBudgetProposer:
         """A fork for one request: its own feedback pairing (the tree the verifier's next verdict refers to) and
@@ -208,6 +242,7 @@ class AutoBudgetProposer(TreeProposer):
         reference), so requests decoded together never read each other's verdicts."""
         fork = copy.copy(self)
         fork._last_tree = None
+        fork._sizer = None
         return fork
 
     def propose(self, ctx: RoundContext) -> DraftTree:
@@ -244,9 +279,15 @@ class AutoBudgetProposer(TreeProposer):
             self._retry = True  # this round prices levels without the learned overhead, so it measures it
         else:
             self._skipped = 0
+        self._sizer = None
         grown = self.grow(ctx)
         self._close_level()
         return grown
+
+    def _size(self) -> _RoundSize:
+        # Per expansion: the order model's one-node cost plus the learned search bookkeeping.
+        self._sizer = _RoundSize(self, self.costs.drafter(1) + (0.0 if self._retry else self._per_node_ms))
+        return self._sizer
 
     def _root_pays(self, per_node_ms: float | None = None) -> bool:
         """Could even a sure first drafted state beat plain decoding, at the measured costs?"""
@@ -258,7 +299,13 @@ class AutoBudgetProposer(TreeProposer):
         return self.costs.drafter(k) + (0.0 if self._retry else self._per_node_ms) * k
 
     def _close_level(self) -> None:
-        """Fold the measured time of the level just expanded into the per-node overhead (moving average)."""
+        """Fold the measured time of the level just expanded (or of the node-by-node search) into the per-node
+        overhead (a median of recent measurements)."""
+        sizer, self._sizer = self._sizer, None
+        if sizer is not None:
+            elapsed = 1000 * (time.perf_counter() - sizer.start)
+            self._per_node_samples.append(max(0.0, elapsed / sizer.expanded - self.costs.drafter(1)))
+            self._per_node_ms = statistics.median(self._per_node_samples)
         if self._level is not None:
             start, k = self._level
             elapsed = 1000 * (time.perf_counter() - start)
@@ -299,5 +346,6 @@ class AutoBudgetProposer(TreeProposer):
 
     def _finish(self, selected: list[int], mass: list[float], depth: list[int]) -> list[int]:
         # `selected` is in raw-mass order, parents before children: every prefix is a tree.
-        d, _ = best_cut([self._value(mass[c], depth[c]) for c in selected], self.costs, self._spent)
+        spent = self._sizer.spent if self._sizer is not None else self._spent
+        d, _ = best_cut([self._value(mass[c], depth[c]) for c in selected], self.costs, spent)
         return selected[:d]

@@ -127,3 +127,63 @@ def test_acceptance_calibration_learns_from_every_verdict(T):
     assert sum(prop._predicted) > 0
     for pred, acc, f in zip(prop._predicted, prop._accepted, prop._factor, strict=True):
         assert f == pytest.approx((acc + PRIOR_MASS) / (pred + PRIOR_MASS))
+
+
+class _Recording(AutoBudgetProposer):
+    """Records how many nodes the node-by-node search selected before its stopping rule ended it."""
+
+    explored: list[int]
+
+    def _finish(self, selected, mass, depth):
+        self.explored.append(len(selected))
+        return super()._finish(selected, mass, depth)
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+@pytest.mark.parametrize("per_replica", [0.02, 0.1, 0.3])
+def test_auto_over_the_node_search_cuts_the_full_tree_where_no_longer_prefix_pays(per_replica, calibrated):
+    """On the CPU a factored drafter's rounds grow node by node; budget=auto stops that search. Reference, from
+    the fixed budget-20 tree alone: prefix j of its nodes by mass, each node valued at its mass times its depth's
+    calibration factor, costs target(1 + j) plus one expansion per node (the root's for j = 0). The search must
+    stop only where no longer prefix beats the best it saw, and the tree must be the prefix best at the cost
+    actually spent. Uneven factors (as learned) make the search look further than it keeps."""
+    from lm_eval_spot.drafter.proposer import TreeProposer
+    from test_host_drafter import context, random_factored
+
+    model = random_factored(3, d_model=32, n_heads=2, n_layers=1, d_ff=64)
+    with torch.no_grad():  # peaked order distributions: deep paths carry mass, as with a trained drafter
+        for head in (model.base, model.pairs, model.by_length):
+            head.weight.mul_(6.0)
+    order = LearnedOrder(model)
+    costs = CostModel((1, 2, 21), (10.0, 10.0 + per_replica, 10.0 + 20 * per_replica), (1, 16), (0.2, 0.2), 20,
+                      prepare_ms=0.5)
+    c = costs.drafter(1)
+    sizes = []
+    for seed in range(10):
+        ctx = context(200 + seed, (16, 32)[seed % 2], 4.0, float(seed % 2), seed % 3)
+        full = TreeProposer(order, TreeConfig(budget=20)).grow(ctx)
+        by_mass = sorted(zip(full.mass, full.depth), key=lambda md: (-md[0], md[1]))
+        masses = [m for m, _ in by_mass]
+        auto = _Recording(order, TreeConfig(budget=20), costs)
+        factor = [1.0] * len(auto._factor)
+        if calibrated:
+            factor = [(1.0, 1.6, 0.5, 1.2, 0.3)[d % 5] for d in range(len(factor))]
+            auto._factor[:] = factor
+        auto.explored = []
+        got = auto._propose(ctx)
+        (n,) = auto.explored
+        assert sorted(got.mass, reverse=True) == masses[: got.tree.size]
+        values = [m * factor[d] for m, d in by_mass]
+        sums = [1.0 + sum(values[:j]) for j in range(len(values) + 1)]
+        rate = [sums[j] / (costs.target(1 + j) + costs.prepare_ms + c * max(j, 1)) for j in range(len(sums))]
+        assert max(rate[: n + 1]) >= max(rate) - 1e-12, (seed, n)  # stopped only where nothing longer pays
+        spent = costs.prepare_ms + c * n
+        cut = [sums[j] / (costs.target(1 + j) + spent) for j in range(n + 1)]
+        assert got.tree.size == max(range(n + 1), key=lambda j: (cut[j], -j))
+        if got.tree.size == 20:
+            assert got.tree == full.tree
+        sizes.append((n, got.tree.size))
+    assert len({d for _, d in sizes}) > 2  # the sizes follow the round
+    assert any(n < 20 for n, _ in sizes)  # the search stopped early: the check above had work to do
+    if calibrated and per_replica > 0.02:
+        assert any(d < n for n, d in sizes)  # and it looked further than it kept: so did the cut

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -65,13 +66,19 @@ def _children(t: HostTables, node: _Node, hyp_p: np.ndarray, keep: int, floor: f
     return slots[best // 2].tolist(), (best % 2).tolist(), flat[best].tolist(), best.tolist()
 
 
+# more(mass, depth): called on each selected candidate (mass order); False stops the search there. No later
+# candidate is heavier than this one: the heap's rest was not, and its children are not.
+More = Callable[[float, int], bool]
+
+
 def grow_best_first(t: HostTables, hyp_tok: np.ndarray, hyp_p: np.ndarray, n_elig: int, budget: int,
-                    min_mass: float, chain: bool) -> tuple[list[int], Candidates]:
+                    min_mass: float, chain: bool, more: More | None = None) -> tuple[list[int], Candidates]:
     """The selected candidates (in key order, so parents come before children) and every candidate made.
 
     hyp_tok/hyp_p [L, 2]: per slot the token hypotheses and their stale probabilities (float64, 0 = none);
     n_elig: masked eligible slots at the root (no path goes deeper); min_mass: SPOT-gamma's floor; chain: one
-    path, each step the heaviest child."""
+    path, each step the heaviest child; more: a per-round size (budget=auto), the budget then an upper bound.
+    Stopped early, the selection is a prefix of the full one."""
     c = Candidates()
     expanded: dict[int, _Node] = {}  # candidate -> its node, once selected (-1: the root)
     best: list[float] = []  # min-heap of the `budget` largest masses made so far: lighter ones cannot be selected
@@ -113,6 +120,8 @@ def grow_best_first(t: HostTables, hyp_tok: np.ndarray, hyp_p: np.ndarray, n_eli
         _, _, _, cid = heapq.heappop(heap)
         select(cid)
         if len(selected) == budget:
+            break
+        if more is not None and not more(c.mass[cid], c.depth[cid]):
             break
         kids = expand(cid)
         if chain:

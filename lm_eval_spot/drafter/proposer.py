@@ -18,7 +18,7 @@ import torch
 from lm_eval_spot.decoding.proposer import RoundContext, token_hypotheses
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.decoding.stale import Stale
-from lm_eval_spot.drafter.best_first import grow_best_first
+from lm_eval_spot.drafter.best_first import More, grow_best_first
 from lm_eval_spot.drafter.factored import FactoredOrderModel, HostTables
 from lm_eval_spot.drafter.features import MASKED, node_status
 from lm_eval_spot.drafter.host import HostEncoder
@@ -106,8 +106,7 @@ class GrownTree:
 
 class TreeProposer:
     # With host tables (a factored order model on the CPU) the tree grows node by node (`best_first`): the same
-    # tree as the level-wise search, at a fraction of its host work. A subclass whose hooks price whole levels
-    # (budget=auto) sets this to keep the level-wise search.
+    # tree as the level-wise search, at a fraction of its host work. Other order sources grow level by level.
     levelwise = False
 
     def __init__(self, order: OrderSource, cfg: TreeConfig) -> None:
@@ -131,7 +130,8 @@ class TreeProposer:
         n_elig = int(ctx.eligible.sum())
         if isinstance(prep, HostTables) and not self.levelwise:
             chosen, cand = grow_best_first(prep, hyp_tok_t.numpy(), hyp_p_t.double().numpy(), n_elig, D,
-                                           self.cfg.gamma, self.cfg.chain)
+                                           self.cfg.gamma, self.cfg.chain, self._size())
+            chosen = self._finish(chosen, cand.mass, cand.depth)
             tree, nodes = self._as_tree(chosen, cand.parent, cand.pos, cand.tok, cand.depth, cand.order)
             return GrownTree(tree, tuple(cand.mass[c] for c in nodes), tuple(cand.depth[c] for c in nodes))
         hyp_tok, hyp_p = hyp_tok_t.tolist(), hyp_p_t.tolist()
@@ -200,6 +200,10 @@ class TreeProposer:
         return GrownTree(tree, tuple(c_mass[c] for c in nodes), tuple(c_depth[c] for c in nodes))
 
     # Hooks for a proposer that sizes the tree per round (budget=auto); fixed budgets expand fully.
+    def _size(self) -> More | None:
+        """The node-by-node search's stopping rule for this round (None: grow to the budget)."""
+        return None
+
     def _expand(
         self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float], depth: list[int]
     ) -> list[int]:
@@ -207,6 +211,7 @@ class TreeProposer:
         return frontier
 
     def _finish(self, selected: list[int], mass: list[float], depth: list[int]) -> list[int]:
+        """The final cut of `selected` (mass order, parents before children: every prefix is a tree)."""
         return selected
 
     def _mass_floor(self) -> float:
