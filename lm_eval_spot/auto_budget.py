@@ -1,16 +1,17 @@
 """budget=auto: size each round's draft tree to maximise expected committed tokens per second.
 
 At start-up the verification cost curve (target forward time vs number of replicas) and the order model's cost
-per tree level are measured on the current hardware. Each round the tree grows level by level; a level is
-expanded only while an optimistic bound says it could raise the round's rate, and the tree is then cut to the D
-(the top-D nodes by prefix mass) that maximises (1 + sum of their masses) / (forward time(1 + D) + drafting
-time). Prefix masses are the drafter's estimates of acceptance, so this also sets the mass
-floor (gamma) per round: a node is worth a replica only if its mass beats the round's rate times the replica's
-marginal cost, and candidates well below that are dropped while the tree grows.
-Two things are learned online: the tree bookkeeping per expanded node (a median of recent levels' measured
-times; the start-up curve times the order model alone), and how often the verifier accepts nodes of each depth
-against their prefix masses (a per-depth calibration). Tree sizes, and hence NFE, can therefore vary from run to
-run. Any tree is verified exactly, so the output does not depend on these choices.
+are measured on the current hardware. Each round the tree grows best first, and stops where an optimistic bound
+says no larger tree could raise the round's rate; it is then cut to the D (the top-D nodes by prefix mass) that
+maximises (1 + sum of their calibrated masses) / (round time(1 + D) + drafting time). Over a factored drafter on
+the CPU the search goes node by node (`_RoundSize`); otherwise level by level, each level priced as a whole, with
+a per-round mass floor (a node is worth a replica only if its mass beats the round's rate times the replica's
+marginal cost).
+Learned online, from the rounds themselves: the round time by row count (`RoundCosts`: the start-up curve
+rescaled to what rounds really cost, verification and a long prefix included), the tree bookkeeping per expanded
+node, how often the verifier accepts nodes of each depth against their prefix masses (over all requests), and
+each request's own acceptances against its calibrated predictions. Tree sizes, and hence NFE, can therefore vary
+from run to run. Any tree is verified exactly, so the output does not depend on these choices.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import statistics
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -38,6 +40,8 @@ log = logging.getLogger("lm_eval.spot")
 MAX_BUDGET = 20
 RETRY = 16  # see AutoBudgetProposer.propose
 PRIOR_MASS = 4.0  # pseudo-count (in predicted acceptances) that holds a depth's calibration factor near 1 early on
+LEARN_DECAY = 0.98  # per observed round, for the learned round costs: about 50 rounds of memory
+PRIOR_ROUNDS = 1.0  # weight of each of the two start-up-curve pseudo-rounds in the learned round costs
 
 
 @dataclass(frozen=True)
@@ -59,13 +63,6 @@ class CostModel:
     def target_table(self) -> tuple[float, ...]:
         """target(r) for r = 0 .. max_budget + 1: the per-round search reads it thousands of times."""
         return tuple(_interp(self.replicas, self.target_ms, r) for r in range(self.max_budget + 2))
-
-    @cached_property
-    def least_marginal(self) -> tuple[float, ...]:
-        """For a tree of d drafted states (d = 0 .. max_budget): the cheapest extra replica from there on."""
-        t = self.target_table
-        steps = [max(0.0, t[r + 1] - t[r]) for r in range(1, self.max_budget + 1)]
-        return tuple(min(steps[d:]) for d in range(self.max_budget)) + (float("inf"),)
 
     def drafter(self, n: int) -> float:
         return _interp(self.nodes, self.drafter_ms, n)
@@ -162,17 +159,66 @@ def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int
     return costs
 
 
-def best_cut(masses: list[float], costs: CostModel, spent_ms: float) -> tuple[int, float]:
-    """(d, rate): the prefix of `masses` (best-first order) maximising (1 + sum) / (target(1 + d) + spent)."""
-    table = costs.target_table
+def best_cut(masses: list[float], costs: CostModel | Sequence[float], spent_ms: float) -> tuple[int, float]:
+    """(d, rate): the prefix of `masses` (best-first order) maximising (1 + sum) / (target(1 + d) + spent).
+    costs: the cost model, or a table of target(r) long enough for every prefix."""
+    table = costs.target_table if isinstance(costs, CostModel) else costs
     best_d, best = 0, 1.0 / (table[1] + spent_ms)
     acc = 1.0
     for d, m in enumerate(masses, start=1):
         acc += m
-        rate = acc / ((table[1 + d] if 1 + d < len(table) else costs.target(1 + d)) + spent_ms)
+        rate = acc / ((table[1 + d] if 1 + d < len(table) else costs.target(1 + d)) + spent_ms)  # type: ignore[union-attr]
         if rate > best:
             best_d, best = d, rate
     return best_d, best
+
+
+class RoundCosts:
+    """The target's round cost as the rounds really run, learned online: ms(rows) = a + s * t0(rows), t0 the
+    start-up curve (its shape kept: a GPU's knee stays a knee), fit by least squares with forgetting.
+
+    The start-up curve times bare forwards after a short prefix; a real round also verifies, summarises and
+    attends to a longer prefix (measured on the embedded target: a 1-row round 6.8 ms against t0's 5.1). Two
+    pseudo-rounds on t0 (at 1 row and at the largest tree) hold the fit near it until rounds have been seen.
+    `table[r]`: the predicted ms of a round of r rows, r = 0 .. size - 1."""
+
+    def __init__(self, startup: CostModel, size: int, decay: float = LEARN_DECAY, prior: float = PRIOR_ROUNDS
+                 ) -> None:
+        self.decay, self.prior = decay, prior
+        self.t0 = tuple(startup.target(r) for r in range(max(size, 2)))
+        self.table = self.t0
+        self._ends = (self.t0[1], self.t0[-1])
+        self._w = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self.fitted = (0.0, 1.0)  # (a, s)
+        self.seen = 0
+
+    def observe(self, rows: int, ms: float) -> None:
+        x = self.t0[min(rows, len(self.t0) - 1)]
+        a, scale = self.fitted
+        # A round stalled by another process would drag the fit for dozens of rounds: cap what one round says.
+        y = min(ms, 3.0 * (a + scale * x))
+        d = self.decay
+        self._w, self._sx, self._sy = d * self._w + 1.0, d * self._sx + x, d * self._sy + y
+        self._sxx, self._sxy = d * self._sxx + x * x, d * self._sxy + x * y
+        self.seen += 1
+        p, (e1, e2) = self.prior, self._ends
+        n = self._w + 2 * p
+        mx = (self._sx + p * (e1 + e2)) / n
+        my = (self._sy + p * (e1 + e2)) / n
+        ee = p * (e1 * e1 + e2 * e2)
+        var = (self._sxx + ee) / n - mx * mx
+        cov = (self._sxy + ee) / n - mx * my
+        scale = min(max(cov / var, 0.25), 4.0) if var > 1e-12 else 1.0
+        a = my - scale * mx
+        self.fitted = (a, scale)
+        self.table = tuple(a + scale * t for t in self.t0)
+
+
+def least_marginal(table: Sequence[float], d: int, budget: int) -> float:
+    """For a tree of d drafted states (at most `budget`): the cheapest extra replica from there on (inf when the
+    budget is full). table[r]: a round's cost with r rows."""
+    steps = [max(0.0, table[r + 1] - table[r]) for r in range(1 + d, 1 + budget)]
+    return min(steps) if steps else float("inf")
 
 
 class _RoundSize:
@@ -182,10 +228,10 @@ class _RoundSize:
 
     def __init__(self, prop: AutoBudgetProposer, node_ms: float) -> None:
         self.prop = prop
-        self.table = prop.costs.target_table
+        self.table = prop._table
         self.budget = min(prop.cfg.budget, prop.costs.max_budget)
         self.node_ms = node_ms
-        self.top_factor = max(prop._factor)
+        self.top_factor = max(prop._factor) * prop._req_scale
         self.expanded = 1  # the root
         self.spent = prop.costs.prepare_ms + node_ms
         self.acc = 1.0
@@ -215,7 +261,12 @@ class AutoBudgetProposer(TreeProposer):
 
     def __init__(self, order: OrderSource, cfg: TreeConfig, costs: CostModel) -> None:
         super().__init__(order, cfg)
-        self.costs = costs
+        self.costs = costs  # as measured at start-up
+        # The target's round cost as learned from the rounds (shared by reference with the per-request forks),
+        # and this request's copy of its table (read by every cut): rows 0 .. budget + 2.
+        self.round_costs = RoundCosts(costs, max(cfg.budget, costs.max_budget) + 3)
+        self._table = self.round_costs.table
+        self._propose_ms = 0.0  # this request's previous propose() (what its round time less the rest is)
         self._spent = 0.0
         # Tree bookkeeping per expanded node (ms), learned online: the start-up curve times the order model alone.
         # The median of recent levels: a mean let one level stalled by another process inflate the estimate, and
@@ -235,6 +286,10 @@ class AutoBudgetProposer(TreeProposer):
         self._factor = [1.0] * (cfg.budget + 2)
         self._last_tree: GrownTree | None = None
         self._sizer: _RoundSize | None = None  # the running node-by-node search's stopping rule
+        # Per request on top of that: its acceptances over its calibrated predictions (a request the drafter reads
+        # well or badly shows within a few rounds), held near 1 by PRIOR_MASS.
+        self._req_predicted = self._req_accepted = 0.0
+        self._req_scale = 1.0
 
     def for_request(self) -> AutoBudgetProposer:
         """A fork for one request: its own feedback pairing (the tree the verifier's next verdict refers to) and
@@ -243,12 +298,21 @@ class AutoBudgetProposer(TreeProposer):
         fork = copy.copy(self)
         fork._last_tree = None
         fork._sizer = None
+        fork._req_predicted = fork._req_accepted = 0.0
+        fork._req_scale = 1.0
         return fork
 
     def propose(self, ctx: RoundContext) -> DraftTree:
+        t0 = time.perf_counter()
         self._learn_acceptance(ctx)
+        if ctx.prev_round is not None:
+            rows, ms = ctx.prev_round
+            # The round's time less this proposer's own (priced per node and per round on its own).
+            self.round_costs.observe(rows, max(0.0, ms - self._propose_ms))
+        self._table = self.round_costs.table
         grown = self._propose(ctx)
         self._last_tree = grown
+        self._propose_ms = 1000 * (time.perf_counter() - t0)
         return grown.tree
 
     def _learn_acceptance(self, ctx: RoundContext) -> None:
@@ -256,14 +320,18 @@ class AutoBudgetProposer(TreeProposer):
         if last is None or ctx.prev_path is None:
             return
         hits = set(ctx.prev_path)
+        factor = self._factor
+        self._req_predicted += sum(m * factor[d] for m, d in zip(last.mass, last.depth, strict=True))
+        self._req_accepted += len(hits)
+        self._req_scale = (self._req_accepted + PRIOR_MASS) / (self._req_predicted + PRIOR_MASS)
         for node, (m, d) in enumerate(zip(last.mass, last.depth, strict=True), start=1):
             self._predicted[d] += m
             self._accepted[d] += node in hits
-            self._factor[d] = (self._accepted[d] + PRIOR_MASS) / (self._predicted[d] + PRIOR_MASS)
+            factor[d] = (self._accepted[d] + PRIOR_MASS) / (self._predicted[d] + PRIOR_MASS)
 
     def _value(self, mass: float, depth: int) -> float:
-        """A node's calibrated acceptance probability."""
-        return mass * self._factor[min(depth, len(self._factor) - 1)]
+        """A node's calibrated acceptance probability: its depth's factor over all requests, this request's scale."""
+        return mass * self._factor[min(depth, len(self._factor) - 1)] * self._req_scale
 
     def _propose(self, ctx: RoundContext) -> GrownTree:
         self._spent = self.costs.prepare_ms
@@ -292,8 +360,8 @@ class AutoBudgetProposer(TreeProposer):
     def _root_pays(self, per_node_ms: float | None = None) -> bool:
         """Could even a sure first drafted state beat plain decoding, at the measured costs?"""
         per_node = self._per_node_ms if per_node_ms is None else per_node_ms
-        _, rate = best_cut([1.0], self.costs, self.costs.prepare_ms + self.costs.drafter(1) + per_node)
-        return rate > 1.0 / self.costs.target(1)
+        _, rate = best_cut([1.0], self._table, self.costs.prepare_ms + self.costs.drafter(1) + per_node)
+        return rate > 1.0 / self._table[1]
 
     def _level_ms(self, k: int) -> float:
         return self.costs.drafter(k) + (0.0 if self._retry else self._per_node_ms) * k
@@ -318,11 +386,11 @@ class AutoBudgetProposer(TreeProposer):
     ) -> list[int]:
         self._close_level()
         current = sorted((self._value(mass[c], depth[c]) for c in selected), reverse=True)
-        d_now, rate_now = best_cut(current, self.costs, self._spent)
+        d_now, rate_now = best_cut(current, self._table, self._spent)
         # The per-round gamma: a node earns its replica only if its mass beats the rate times the replica's cost,
         # and the rate rarely falls as the tree grows; half that bound leaves room for the exceptions. Dropping
         # lighter candidates early saves most of the tree bookkeeping.
-        self._floor = 0.5 * rate_now * self.costs.least_marginal[min(d_now, self.costs.max_budget)]
+        self._floor = 0.5 * rate_now * least_marginal(self._table, d_now, self.cfg.budget)
         # Optimistic: each expanded node gets one child as likely as itself (a child never has more mass). Expand
         # the frontier nodes whose hoped child would make the best cut of (selected + every hoped child); stop if
         # that does not beat the present rate. Two cuts per level, not one per candidate k: this runs every level.
@@ -330,11 +398,11 @@ class AutoBudgetProposer(TreeProposer):
         ranked = sorted(frontier, key=lambda n: -hope[n])
         hoped = [hope[n] for n in ranked]
         merged = sorted(current + hoped, reverse=True)[: self.cfg.budget]
-        d, _ = best_cut(merged, self.costs, self._spent + self._level_ms(len(ranked)))
+        d, _ = best_cut(merged, self._table, self._spent + self._level_ms(len(ranked)))
         best_k = sum(1 for m in hoped if m >= merged[d - 1]) if d else 0
         if best_k:
             cut = sorted(current + hoped[:best_k], reverse=True)[: self.cfg.budget]
-            _, rate = best_cut(cut, self.costs, self._spent + self._level_ms(best_k))
+            _, rate = best_cut(cut, self._table, self._spent + self._level_ms(best_k))
             best_k = best_k if rate > rate_now else 0
         if best_k:
             self._spent += self._level_ms(best_k)
@@ -347,5 +415,5 @@ class AutoBudgetProposer(TreeProposer):
     def _finish(self, selected: list[int], mass: list[float], depth: list[int]) -> list[int]:
         # `selected` is in raw-mass order, parents before children: every prefix is a tree.
         spent = self._sizer.spent if self._sizer is not None else self._spent
-        d, _ = best_cut([self._value(mass[c], depth[c]) for c in selected], self.costs, spent)
+        d, _ = best_cut([self._value(mass[c], depth[c]) for c in selected], self._table, spent)
         return selected[:d]

@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
     from lm_eval_spot.config import default_drafter_path, default_graph_path, parse_args
+    from lm_eval_spot.decoding.batch import for_request
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.baselines.graph import RankGraph
@@ -156,7 +157,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results = {}
             for m, D in order:
                 prop = OracleProposer(commits, int(D)) if m == "oracle" else proposers[(m, D)]
-                results[(m, D)] = _timed(lambda p=prop: run(proposer=p), args.repeats)
+                # A fork per request, as lm-eval runs it (a stateful proposer keeps per-request estimates).
+                results[(m, D)] = _timed(lambda p=prop: run(proposer=for_request(p)), args.repeats)
                 bar.update()
             c2, c2_wall = _timed(run, args.repeats)
             bar.update()

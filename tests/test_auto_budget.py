@@ -108,10 +108,12 @@ def test_convex_fit_removes_noise_kinks_and_keeps_a_knee():
 
 
 def test_least_marginal_is_the_cheapest_later_replica():
+    from lm_eval_spot.auto_budget import least_marginal
+
     c = CostModel((1, 3, 5), (2.0, 2.2, 4.2), (1,), (0.0,), max_budget=4)
     # target(1..5) = 2.0, 2.1, 2.2, 3.2, 4.2: steps from d drafted states on are 0.1, 0.1, 1.0, 1.0
-    assert [round(x, 6) for x in c.least_marginal[:4]] == [0.1, 0.1, 1.0, 1.0]
-    assert c.least_marginal[4] == float("inf")  # the budget is full: nothing more can be added
+    assert [round(least_marginal(c.target_table, d, 4), 6) for d in range(4)] == [0.1, 0.1, 1.0, 1.0]
+    assert least_marginal(c.target_table, 4, 4) == float("inf")  # the budget is full: nothing more can be added
 
 
 @pytest.mark.parametrize("T", [0.0, 1.0])
@@ -187,3 +189,66 @@ def test_auto_over_the_node_search_cuts_the_full_tree_where_no_longer_prefix_pay
     assert any(n < 20 for n, _ in sizes)  # the search stopped early: the check above had work to do
     if calibrated and per_replica > 0.02:
         assert any(d < n for n, d in sizes)  # and it looked further than it kept: so did the cut
+
+
+def test_round_costs_learn_the_rounds_true_curve_and_shrug_off_a_stall():
+    """Rounds that cost 2 ms + 1.5x the start-up curve (a longer prefix, verification): the learned table finds
+    that within a few dozen rounds; one round stalled by another process moves it by little."""
+    import random
+
+    from lm_eval_spot.auto_budget import RoundCosts
+
+    startup = linear_costs(5.0, 0.7, 0.1)
+    rc = RoundCosts(startup, 23)
+    assert rc.table[9] == pytest.approx(startup.target(9))  # nothing seen: the start-up curve
+    rng = random.Random(0)
+    truth = lambda r: 2.0 + 1.5 * startup.target(r)  # noqa: E731
+    for _ in range(60):
+        r = rng.randint(1, 21)
+        rc.observe(r, truth(r) * rng.uniform(0.95, 1.05))
+    for r in (1, 9, 21):
+        assert rc.table[r] == pytest.approx(truth(r), rel=0.08), r
+    before = rc.table[9]
+    rc.observe(9, 1000.0)
+    assert rc.table[9] < 1.15 * before
+
+
+class _Seen:
+    """A proposer that drafts nothing and records what the loop told it about the previous round."""
+
+    budget = 4
+
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    def propose(self, ctx):
+        from lm_eval_spot.decoding.tree import DraftTree
+
+        self.seen.append(ctx.prev_round)
+        return DraftTree.empty()
+
+
+def test_the_loop_reports_each_rounds_rows_and_time_only_when_the_request_runs_alone():
+    from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+
+    ad = _adapter()
+    cfg = DecodeConfig(max_gen_toks=24, temperature=0.0)
+    alone = _Seen()
+    r = decode(ad, [4, 5, 6], cfg, seed=3, proposer=alone)
+    assert alone.seen[0] is None and len(alone.seen) == r.rounds
+    assert all(rows == 1 and ms > 0 for rows, ms in alone.seen[1:])  # nothing drafted: the root row alone
+    together = [_Seen(), _Seen()]
+    decode_many(ad, [DecodeJob([4, 5, 6], cfg, 3, proposer=p) for p in together], batch_size=2)
+    assert all(s is None for p in together for s in p.seen) and together[0].seen
+
+
+def test_a_requests_own_acceptance_scale_starts_at_one_and_follows_its_verdicts():
+    prop = AutoBudgetProposer(LearnedOrder(_drafter("factored")), TreeConfig(budget=20), linear_costs(10.0, 0.01, 0.01))
+    ad = _adapter()
+    cfg = DecodeConfig(max_gen_toks=40, temperature=1.0)
+    fork = prop.for_request()
+    decode(ad, [4, 5, 6], cfg, seed=3, proposer=fork)
+    assert prop._req_scale == 1.0 and fork.for_request()._req_scale == 1.0
+    assert fork._req_predicted > 0
+    assert fork._req_scale == pytest.approx((fork._req_accepted + PRIOR_MASS) / (fork._req_predicted + PRIOR_MASS))
+    assert abs(fork._req_scale - 1.0) > 0.1  # this request's verdicts moved it (a random drafter's masses are off)

@@ -55,7 +55,7 @@ def decode_many(
             i = queue.popleft()
             j = jobs[i]
             live.append((i, RequestDecode(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
-                                          j.verify)))
+                                          j.verify, timed=batch_size == 1)))
         step = [(i, req, req.next_states()) for i, req in live]
         step = [(i, req, st) for i, req, st in step if st is not None]
         # A round with a lookahead row runs as its own forward (it is one NFE either way); the rest share.

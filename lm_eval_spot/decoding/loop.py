@@ -180,7 +180,10 @@ class RequestDecode:
         proposer: Proposer | None = None,
         observer: RoundObserver | None = None,
         verify: str = "coupled",
+        timed: bool = True,
     ) -> None:
+        """timed: report each round's rows and wall time to the proposer (`RoundContext.prev_round`); False when
+        the request shares its forwards with others."""
         if verify not in ("coupled", "rejection"):
             raise ValueError(f"verify must be 'coupled' or 'rejection', got {verify!r}")
         self.t0 = time.perf_counter()
@@ -200,6 +203,9 @@ class RequestDecode:
         self.block = 0
         self.checked_len = 0
         self.prev_path: tuple[int, ...] | None = None
+        self.timed = timed
+        self.prev_round: tuple[int, float] | None = None
+        self._rows = 0
         self.on_verify = getattr(observer, "on_verify", None) if observer is not None else None
         self.result: DecodeResult | None = None
         self.ahead = LookaheadCount()
@@ -265,7 +271,8 @@ class RequestDecode:
             if lead is not None:
                 base[lead[0]] = lead[1]
             tree = self.proposer.propose(RoundContext(base, (base == mask_id) & self.window, base != mask_id, stale,
-                                                      temp, noise, mask_id, self.block, self.prev_path))
+                                                      temp, noise, mask_id, self.block, self.prev_path,
+                                                      self.prev_round))
             if lead is not None:
                 tree = _under_lead(tree, lead, getattr(self.proposer, "budget", None))
             if self.rejection:
@@ -278,6 +285,7 @@ class RequestDecode:
         self._tree = tree
         self._states = compile_states(self.state, tree)
         rows = self._plan_lookahead(self._states, stale) if self._can_look else self._states
+        self._rows = max(rows.shape[0], self.cfg.pad_rows)  # the forward's rows, padding included
         self._t_forward = time.perf_counter()
         pad = self.cfg.pad_rows - self._states.shape[0]
         if self.cfg.pad_rows and pad < 0:
@@ -392,8 +400,10 @@ class RequestDecode:
                     ahead[..., mask_id] = float("-inf")  # as every round's logits (never a commit candidate)
                     self._carry = ahead
             self.ahead_row = self._completion = None
-        self.timing.add(draft=self._t_forward - self._t_round, forward=tv - self._t_forward,
-                        rest=time.perf_counter() - tv)
+        t_end = time.perf_counter()
+        self.timing.add(draft=self._t_forward - self._t_round, forward=tv - self._t_forward, rest=t_end - tv)
+        if self.timed:
+            self.prev_round = (self._rows, 1000 * (t_end - self._t_round))
         self._check_stop()
 
     def _check_stop(self) -> None:

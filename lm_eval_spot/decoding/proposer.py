@@ -29,6 +29,9 @@ class RoundContext:
     # The verifier's verdict on this request's previous round: the accepted node indices (1-based, root
     # excluded) of the tree proposed then; None in a request's first round. Adaptive proposers learn from it.
     prev_path: tuple[int, ...] | None = None
+    # This request's previous round as it ran: (rows in its target forward, milliseconds from the round's start to
+    # the end of its verification). Only where the request decodes alone (a batched forward's time is not its own).
+    prev_round: tuple[int, float] | None = None
 
 
 class Proposer(Protocol):
