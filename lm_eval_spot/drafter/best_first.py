@@ -45,11 +45,12 @@ class _Node:
         self.pair, self.open, self.last, self.mass, self.depth, self.order = pair, open_, last, mass, depth, order
 
 
-def _children(t: HostTables, node: _Node, hyp_p: np.ndarray, keep: int, floor: float
+def _children(t: HostTables, node: _Node, hyp_p: list[tuple[float, float]], keep: int, floor: float
               ) -> tuple[list[int], list[int], list[float], list[int]]:
     """The node's `keep` heaviest children with mass >= floor, best first: (slot, hypothesis, mass, creation
     index) lists. Creation index = slot rank by descending probability (lowest slot on ties) x 2 + hypothesis:
-    equal masses go in that order, as the level-wise builder makes them."""
+    equal masses go in that order, as the level-wise builder makes them. hyp_p: per slot its hypotheses'
+    stale probabilities."""
     if not node.open.size:
         return [], [], [], []
     # The terms in `HostTables.node_probs`'s order (float sums depend on it), over the candidate slots only.
@@ -57,13 +58,29 @@ def _children(t: HostTables, node: _Node, hyp_p: np.ndarray, keep: int, floor: f
     logits += t.length_t[min(node.depth, t.length_t.shape[0] - 1), node.open]
     e = np.exp(logits - logits.max())
     q = e / e.sum()
-    rank = np.argsort(-q, kind="stable")  # candidate slots ascend, so ties go lowest slot first
-    slots = node.open[rank]
-    m = node.mass * q[rank].astype(np.float64)[:, None] * hyp_p[slots]  # [n, 2]: the level-wise products
-    flat = m.ravel()
-    best = np.argsort(-flat, kind="stable")[:keep]
-    best = best[(flat[best] > 0.0) & (flat[best] >= floor)]
-    return slots[best // 2].tolist(), (best % 2).tolist(), flat[best].tolist(), best.tolist()
+    rank = (-q).argsort(kind="stable")  # candidate slots ascend, so ties go lowest slot first
+    qs, slots = q[rank].tolist(), node.open[rank].tolist()
+    # Slots by descending probability; a child's mass is at most mass x q (token probabilities are <= 1), so
+    # the scan stops at the first slot that cannot beat the keep-th child found (a tie would rank after it).
+    found: list[tuple[float, int]] = []  # (-mass, creation index)
+    kth = 0.0
+    for r, qq in enumerate(qs):
+        bq = node.mass * qq  # the level-wise products: (mass x q) x p, in float64
+        if bq <= 0.0 or bq < floor or (len(found) >= keep and bq <= kth):
+            break
+        p0, p1 = hyp_p[slots[r]]
+        if (m := bq * p0) > 0.0 and m >= floor:
+            found.append((-m, 2 * r))
+        if (m := bq * p1) > 0.0 and m >= floor:
+            found.append((-m, 2 * r + 1))
+        if len(found) >= keep:
+            found.sort()
+            del found[keep:]
+            kth = -found[-1][0]
+    found.sort()
+    del found[keep:]
+    return ([slots[k >> 1] for _, k in found], [k & 1 for _, k in found], [-nm for nm, _ in found],
+            [k for _, k in found])
 
 
 # more(mass, depth): called on each selected candidate (mass order); False stops the search there. No later
@@ -80,6 +97,7 @@ def grow_best_first(t: HostTables, hyp_tok: np.ndarray, hyp_p: np.ndarray, n_eli
     path, each step the heaviest child; more: a per-round size (budget=auto), the budget then an upper bound.
     Stopped early, the selection is a prefix of the full one."""
     c = Candidates()
+    hp = list(zip(hyp_p[:, 0].tolist(), hyp_p[:, 1].tolist(), strict=True))
     expanded: dict[int, _Node] = {}  # candidate -> its node, once selected (-1: the root)
     best: list[float] = []  # min-heap of the `budget` largest masses made so far: lighter ones cannot be selected
 
@@ -89,7 +107,7 @@ def grow_best_first(t: HostTables, hyp_tok: np.ndarray, hyp_p: np.ndarray, n_eli
             return []
         # A chain takes each node's heaviest child, however light next to earlier levels' candidates.
         floor = max(min_mass, best[0] if len(best) == budget and not chain else 0.0)
-        slots, hyps, masses, made_at = _children(t, node, hyp_p, 1 if chain else budget, floor)
+        slots, hyps, masses, made_at = _children(t, node, hp, 1 if chain else budget, floor)
         rank = (-node.mass, node.order)  # the parent's rank among its depth's nodes, then the creation index
         out = []
         for s, h, m, k in zip(slots, hyps, masses, made_at, strict=True):

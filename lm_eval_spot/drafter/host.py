@@ -144,8 +144,9 @@ class HostEncoder:
                     lib.set_num_threads(n)
 
     def _prepare(self, stale: Stale, committed: torch.Tensor, eligible: torch.Tensor) -> HostTables:
-        # Top-k rounded to float16, as trajectories store it (the model's training inputs).
-        p = stale.topk[:, : self.top_k].numpy().astype(np.float16).astype(np.float32)
+        # Top-k rounded to float16, as trajectories store it (the model's training inputs). torch rounds the same
+        # way (IEEE, to nearest even) ~8x faster: numpy's float16 cast is slow on subnormals, common here.
+        p = stale.topk[:, : self.top_k].half().float().numpy()
         conf = stale.confidence.numpy()
         log1m = stale.log1m.numpy()
         elig = eligible.numpy()
