@@ -17,7 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
-         "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py"]
+         "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py",
+         "tests/test_auto_budget.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -57,6 +58,14 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "_Node(parent.pair + t.pair_t[s], open_,", "_Node(parent.pair, open_,"),
     ("numpy pass drops a norm's scale when folding it", "lm_eval_spot/drafter/host.py",
      "m = norm.weight.detach().double()[:, None] * w.T", "m = w.T"),
+    ("best-first child scan stops at the best child found, not the budget-th", "lm_eval_spot/drafter/best_first.py",
+     "            kth = -found[-1][0]", "            kth = -found[0][0]"),
+    ("budget=auto's stopping rule ignores the calibration factors", "lm_eval_spot/auto_budget.py",
+     "hope = mass * self.top_factor", "hope = mass"),
+    ("budget=auto's cut forgets the drafting time spent", "lm_eval_spot/auto_budget.py",
+     "spent = self._sizer.spent if self._sizer is not None else self._spent", "spent = self._spent"),
+    ("a batched request reports its shared forward's time as its own", "lm_eval_spot/decoding/batch.py",
+     "timed=batch_size == 1", "timed=True"),
 ]
 
 
