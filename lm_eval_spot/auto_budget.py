@@ -41,6 +41,8 @@ MAX_BUDGET = 20
 RETRY = 16  # see AutoBudgetProposer.propose
 PRIOR_MASS = 4.0  # pseudo-count (in predicted acceptances) that holds a depth's calibration factor near 1 early on
 LEARN_DECAY = 0.98  # per observed round, for the learned round costs: about 50 rounds of memory
+AT_ROWS = 15  # recent rounds kept per row count: their median is that row count's cost once 3 are seen
+EXPIRE = 60  # observed rounds after which an unseen row count's median is forgotten
 PRIOR_ROUNDS = 1.0  # weight of each of the two start-up-curve pseudo-rounds in the learned round costs
 
 
@@ -191,9 +193,13 @@ class RoundCosts:
         self._w = self._sx = self._sy = self._sxx = self._sxy = 0.0
         self.fitted = (0.0, 1.0)  # (a, s)
         self.seen = 0
+        self._at: dict[int, deque[float]] = {}  # recent round times by row count
+        self._median: dict[int, float] = {}
+        self._last: dict[int, int] = {}  # the round a row count was last seen
 
     def observe(self, rows: int, ms: float) -> None:
-        x = self.t0[min(rows, len(self.t0) - 1)]
+        r = min(rows, len(self.t0) - 1)
+        x = self.t0[r]
         a, scale = self.fitted
         # A round stalled by another process would drag the fit for dozens of rounds: cap what one round says.
         y = min(ms, 3.0 * (a + scale * x))
@@ -211,7 +217,32 @@ class RoundCosts:
         scale = min(max(cov / var, 0.25), 4.0) if var > 1e-12 else 1.0
         a = my - scale * mx
         self.fitted = (a, scale)
-        self.table = tuple(a + scale * t for t in self.t0)
+        # Where a row count has been seen often enough, its own recent median: the forward's cost can jump at some
+        # batch shapes (one machine state: 12 rows 10.3 ms, 13 rows 13.1), which no curve through t0 has. A row
+        # count not seen for EXPIRE rounds falls back to the estimate, so one measured dear gets re-tried.
+        seen = self._at.setdefault(r, deque(maxlen=AT_ROWS))
+        seen.append(ms)
+        self._last[r] = self.seen
+        if len(seen) >= 3:
+            self._median[r] = statistics.median(seen)
+        for old in [i for i, at in self._last.items() if self.seen - at > EXPIRE]:
+            del self._last[old], self._at[old]
+            self._median.pop(old, None)
+        self.table = self._anchored(scale) if self._median else tuple(a + scale * t for t in self.t0)
+
+    def _anchored(self, scale: float) -> tuple[float, ...]:
+        # An unseen row count: the nearest seen one's median plus the start-up curve's increment from there. The fit's
+        # own level would put a seen 1-row round's real cost beside a fitted 2-row one and price drafting out.
+        med, t0 = self._median, self.t0
+        seen = sorted(med)
+        out = []
+        for r, t in enumerate(t0):
+            if r in med:
+                out.append(med[r])
+                continue
+            k = min(seen, key=lambda s: (abs(s - r), s))
+            out.append(med[k] + scale * (t - t0[k]))
+        return tuple(out)
 
 
 def least_marginal(table: Sequence[float], d: int, budget: int) -> float:
@@ -264,7 +295,12 @@ class AutoBudgetProposer(TreeProposer):
         self.costs = costs  # as measured at start-up
         # The target's round cost as learned from the rounds (shared by reference with the per-request forks),
         # and this request's copy of its table (read by every cut): rows 0 .. budget + 2.
-        self.round_costs = RoundCosts(costs, max(cfg.budget, costs.max_budget) + 3)
+        size = max(cfg.budget, costs.max_budget) + 3
+        self.round_costs = RoundCosts(costs, size)
+        # Rounds whose forward also writes finished blocks (`RoundContext.pending`) run longer rows (embedded
+        # target, 9 rows: 8.6 ms against 5.5 for a plain round). Learned apart: mixed in, they priced large trees
+        # out of every round.
+        self.pending_costs = RoundCosts(costs, size)
         self._table = self.round_costs.table
         self._propose_ms = 0.0  # this request's previous propose() (what its round time less the rest is)
         self._spent = 0.0
@@ -305,11 +341,14 @@ class AutoBudgetProposer(TreeProposer):
     def propose(self, ctx: RoundContext) -> DraftTree:
         t0 = time.perf_counter()
         self._learn_acceptance(ctx)
-        if ctx.prev_round is not None:
-            rows, ms = ctx.prev_round
-            # The round's time less this proposer's own (priced per node and per round on its own).
-            self.round_costs.observe(rows, max(0.0, ms - self._propose_ms))
-        self._table = self.round_costs.table
+        run = ctx.prev_round
+        if run is not None:
+            # The round's time less this proposer's own (priced per node and per round on its own). A round with
+            # a lookahead row runs another, dearer path (the loop adds that row; the tree does not choose it).
+            if not run.ahead:
+                costs = self.pending_costs if run.pending else self.round_costs
+                costs.observe(run.rows, max(0.0, run.ms - self._propose_ms))
+        self._table = (self.pending_costs if ctx.pending else self.round_costs).table
         grown = self._propose(ctx)
         self._last_tree = grown
         self._propose_ms = 1000 * (time.perf_counter() - t0)
@@ -358,10 +397,12 @@ class AutoBudgetProposer(TreeProposer):
         return self._sizer
 
     def _root_pays(self, per_node_ms: float | None = None) -> bool:
-        """Could even a sure first drafted state beat plain decoding, at the measured costs?"""
-        per_node = self._per_node_ms if per_node_ms is None else per_node_ms
-        _, rate = best_cut([1.0], self._table, self.costs.prepare_ms + self.costs.drafter(1) + per_node)
-        return rate > 1.0 / self._table[1]
+        """Could even a tree of sure drafted states (any size up to the budget) beat plain decoding, at the measured
+        costs? Any size: the round's fixed costs (features, a tree to verify) may pay only over several nodes."""
+        node = self.costs.drafter(1) + (self._per_node_ms if per_node_ms is None else per_node_ms)
+        t = self._table
+        budget = min(self.cfg.budget, self.costs.max_budget, len(t) - 2)
+        return any((1.0 + d) / (t[1 + d] + self.costs.prepare_ms + d * node) > 1.0 / t[1] for d in range(1, budget + 1))
 
     def _level_ms(self, k: int) -> float:
         return self.costs.drafter(k) + (0.0 if self._retry else self._per_node_ms) * k

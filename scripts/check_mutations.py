@@ -66,6 +66,15 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "spent = self._sizer.spent if self._sizer is not None else self._spent", "spent = self._spent"),
     ("a batched request reports its shared forward's time as its own", "lm_eval_spot/decoding/batch.py",
      "timed=batch_size == 1", "timed=True"),
+    ("budget=auto learns rounds that carry finished blocks into the plain rounds' costs", "lm_eval_spot/auto_budget.py",
+     "costs = self.pending_costs if run.pending else self.round_costs", "costs = self.round_costs"),
+    ("budget=auto prices an unseen row count at the fit's level", "lm_eval_spot/auto_budget.py",
+     "out.append(med[k] + scale * (t - t0[k]))", "out.append(self.fitted[0] + scale * t)"),
+    ("budget=auto skips drafting unless one sure node pays", "lm_eval_spot/auto_budget.py",
+     "for d in range(1, budget + 1))", "for d in range(1, 2))"),
+    ("the loop never tells the proposer that finished blocks ride along", "lm_eval_spot/decoding/loop.py",
+     "                                                      self.prev_round, self._pending))",
+     "                                                      self.prev_round, False))"),
 ]
 
 

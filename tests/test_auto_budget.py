@@ -76,6 +76,10 @@ def test_one_stalled_level_does_not_stop_drafting():
     """The per-node overhead is a median of recent levels: one level stalled by another process (1 s here)
     must not price drafting out for good (rounds that draft nothing would never measure it down)."""
     prop = AutoBudgetProposer(LearnedOrder(_drafter()), TreeConfig(budget=20), linear_costs(10.0, 0.5, 0.1))
+    # The round costs stay at the given curve: this test is about the per-node overhead alone (the tiny target's
+    # real rounds, ~1.5 ms against the curve's 10, would otherwise be learned and decide for it).
+    for costs in (prop.round_costs, prop.pending_costs):
+        costs.observe = lambda rows, ms: None  # type: ignore[method-assign]
     prop._level = (time.perf_counter() - 1.0, 1)
     prop._close_level()
     assert prop._per_node_ms > 900 and not prop._root_pays()
@@ -220,11 +224,13 @@ class _Seen:
 
     def __init__(self) -> None:
         self.seen: list = []
+        self.pending: list[bool] = []
 
     def propose(self, ctx):
         from lm_eval_spot.decoding.tree import DraftTree
 
         self.seen.append(ctx.prev_round)
+        self.pending.append(ctx.pending)
         return DraftTree.empty()
 
 
@@ -236,7 +242,13 @@ def test_the_loop_reports_each_rounds_rows_and_time_only_when_the_request_runs_a
     alone = _Seen()
     r = decode(ad, [4, 5, 6], cfg, seed=3, proposer=alone)
     assert alone.seen[0] is None and len(alone.seen) == r.rounds
-    assert all(rows == 1 and ms > 0 for rows, ms in alone.seen[1:])  # nothing drafted: the root row alone
+    # nothing drafted: the root row alone, no lookahead row
+    assert all(s.rows == 1 and s.ms > 0 and not s.ahead for s in alone.seen[1:])
+    # A finished block rides along with the next block's first forward: the proposer is told so in that round,
+    # and the report of that round says so too.
+    told = [k for k, p in enumerate(alone.pending) if p]
+    reported = [k - 1 for k, s in enumerate(alone.seen) if s is not None and s.pending]
+    assert told == reported and len(told) == 1  # 3 prompt tokens + 24 generated in blocks of 16: one new block
     together = [_Seen(), _Seen()]
     decode_many(ad, [DecodeJob([4, 5, 6], cfg, 3, proposer=p) for p in together], batch_size=2)
     assert all(s is None for p in together for s in p.seen) and together[0].seen
@@ -252,3 +264,83 @@ def test_a_requests_own_acceptance_scale_starts_at_one_and_follows_its_verdicts(
     assert fork._req_predicted > 0
     assert fork._req_scale == pytest.approx((fork._req_accepted + PRIOR_MASS) / (fork._req_predicted + PRIOR_MASS))
     assert abs(fork._req_scale - 1.0) > 0.1  # this request's verdicts moved it (a random drafter's masses are off)
+
+
+def test_round_costs_take_a_row_counts_own_median_and_forget_it_when_unseen():
+    """Where the forward's cost jumps at a batch shape (no curve through the start-up points has the jump), a row
+    count seen 3+ times costs its recent median; one not seen for EXPIRE rounds falls back to the estimate from
+    its seen neighbours, so a row count once measured dear is tried again."""
+    from lm_eval_spot.auto_budget import EXPIRE, RoundCosts
+
+    startup = linear_costs(5.0, 0.7, 0.1)
+    rc = RoundCosts(startup, 23)
+    for r in (1, 5, 9, 12):
+        for _ in range(3):
+            rc.observe(r, startup.target(r))
+    rc.observe(13, 40.0)
+    rc.observe(13, 41.0)
+    assert rc.table[13] < 20.0  # two rounds are not enough to believe a jump
+    rc.observe(13, 42.0)
+    assert rc.table[13] == 41.0 and rc.table[12] == pytest.approx(startup.target(12))
+    for _ in range(EXPIRE + 1):
+        rc.observe(9, startup.target(9))
+    assert rc.table[13] < 20.0  # forgotten: back to the estimate
+
+
+def test_an_unseen_row_count_is_its_nearest_seen_neighbours_median_plus_the_start_up_increment():
+    """Real rounds cost more than the start-up curve's bare forwards. An unseen row count priced by the fit's level
+    beside a seen one's real median once made a 2-row round look dearer than its true cost and stopped drafting
+    for good; it is priced from the nearest seen row count instead (ties: the smaller)."""
+    from lm_eval_spot.auto_budget import RoundCosts
+
+    startup = linear_costs(2.0, 0.5, 0.1)
+    rc = RoundCosts(startup, 23)
+    for _ in range(5):
+        rc.observe(1, 6.0)  # real 1-row rounds: 6 ms against the curve's 2
+    a, scale = rc.fitted
+    t0 = rc.t0
+    assert rc.table[1] == 6.0
+    for r in (2, 3, 10):
+        assert rc.table[r] == pytest.approx(6.0 + scale * (t0[r] - t0[1]))
+    for _ in range(3):
+        rc.observe(5, 9.0)
+    a, scale = rc.fitted
+    assert rc.table[3] == pytest.approx(6.0 + scale * (t0[3] - t0[1]))  # 2 from 1, 2 from 5: the smaller wins
+    assert rc.table[4] == pytest.approx(9.0 - scale * (t0[5] - t0[4]))
+    assert rc.table[8] == pytest.approx(9.0 + scale * (t0[8] - t0[5]))
+
+
+def test_drafting_is_skipped_only_where_no_tree_size_could_pay():
+    """A round's fixed drafting cost (the features) can pay over several sure nodes and never over one: such a
+    round drafts. Where no size up to the budget pays, it is skipped."""
+    costs = CostModel((1, 2, 21), (10.0, 10.5, 20.0), (1, 16), (0.1, 0.1), 20, prepare_ms=12.0)
+    prop = AutoBudgetProposer(LearnedOrder(_drafter("factored")), TreeConfig(budget=20), costs)
+    # one sure node: 2 / (10.5 + 12.1) < 1 / 10 (the old one-node check skipped); ten: 11 / (15 + 13) > 1 / 10
+    assert 2 / (costs.target(2) + 12.1) < 1 / costs.target(1) < 11 / (costs.target(11) + 13.0)
+    assert prop._root_pays()
+    dear = AutoBudgetProposer(LearnedOrder(_drafter("factored")), TreeConfig(budget=20),
+                              CostModel((1, 2, 21), (10.0, 20.0, 400.0), (1, 16), (0.1, 0.1), 20, prepare_ms=8.0))
+    assert not dear._root_pays()
+
+
+def test_auto_learns_pending_rounds_costs_apart_skips_lookahead_rounds_and_prices_by_the_round():
+    """Lookahead rounds teach no round cost (another path); rounds carrying finished blocks teach their own table,
+    and a round the loop says is pending is priced from that table."""
+    import dataclasses
+
+    from lm_eval_spot.decoding.proposer import RoundRun
+    from test_host_drafter import context, random_factored
+
+    prop = AutoBudgetProposer(LearnedOrder(random_factored(3, d_model=32, n_heads=2, n_layers=1, d_ff=64)),
+                              TreeConfig(budget=20), linear_costs(10.0, 0.5, 0.1))
+    ctx = context(7, 16, 4.0, 0.0, 2)
+    runs = [RoundRun(5, 12.0, False, False), RoundRun(5, 12.0, True, False), RoundRun(5, 12.0, True, True)]
+    runs += [RoundRun(5, 40.0, False, True)] * 3
+    for run in runs:
+        prop.propose(dataclasses.replace(ctx, prev_round=run))
+    assert prop.round_costs.seen == 1 and prop.pending_costs.seen == 3
+    assert prop.pending_costs.table[5] > 30.0 > prop.round_costs.table[5]
+    prop.propose(dataclasses.replace(ctx, pending=True))
+    assert prop._table is prop.pending_costs.table
+    prop.propose(ctx)
+    assert prop._table is prop.round_costs.table

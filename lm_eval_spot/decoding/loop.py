@@ -16,7 +16,7 @@ import torch
 
 from lm_eval_spot.adapters.base import NFECounter, TargetAdapter
 from lm_eval_spot.decoding.noise import gumbel_rows, mix_seed
-from lm_eval_spot.decoding.proposer import Proposer, RoundContext
+from lm_eval_spot.decoding.proposer import Proposer, RoundContext, RoundRun
 from lm_eval_spot.decoding.stale import Stale, summarize
 from lm_eval_spot.decoding.transfer import HostLink, sync
 from lm_eval_spot.decoding.rejection import proposal_probs, rejection_verify, sample_chain_tokens
@@ -204,7 +204,8 @@ class RequestDecode:
         self.checked_len = 0
         self.prev_path: tuple[int, ...] | None = None
         self.timed = timed
-        self.prev_round: tuple[int, float] | None = None
+        self.prev_round: RoundRun | None = None
+        self._pending = False  # this round's forward carries finished blocks (`RoundContext.pending`)
         self._rows = 0
         self.on_verify = getattr(observer, "on_verify", None) if observer is not None else None
         self.result: DecodeResult | None = None
@@ -253,6 +254,7 @@ class RequestDecode:
             self.block += 1
             self._start_block()
         self._t_round = time.perf_counter()
+        self._pending = bool(getattr(self.session, "has_pending", False))
         eligible = (self.state == mask_id) & self.window
         tree = DraftTree.empty()
         self._q = None
@@ -272,7 +274,7 @@ class RequestDecode:
                 base[lead[0]] = lead[1]
             tree = self.proposer.propose(RoundContext(base, (base == mask_id) & self.window, base != mask_id, stale,
                                                       temp, noise, mask_id, self.block, self.prev_path,
-                                                      self.prev_round))
+                                                      self.prev_round, self._pending))
             if lead is not None:
                 tree = _under_lead(tree, lead, getattr(self.proposer, "budget", None))
             if self.rejection:
@@ -376,6 +378,7 @@ class RequestDecode:
                 for n, view in zip(seen, views, strict=True):
                     self.observer.on_commit(self.block, states[n], node_eligible[n], view, int(tpos[n]), int(ttok[n]))
         last = nodes[-1]
+        ahead_row = self.ahead_row is not None
         left = int(((self.state == mask_id) & self.window).sum())
         self.state = states[last].clone()
         if int(tpos[last]) >= 0:
@@ -403,7 +406,7 @@ class RequestDecode:
         t_end = time.perf_counter()
         self.timing.add(draft=self._t_forward - self._t_round, forward=tv - self._t_forward, rest=t_end - tv)
         if self.timed:
-            self.prev_round = (self._rows, 1000 * (t_end - self._t_round))
+            self.prev_round = RoundRun(self._rows, 1000 * (t_end - self._t_round), ahead_row, self._pending)
         self._check_stop()
 
     def _check_stop(self) -> None:

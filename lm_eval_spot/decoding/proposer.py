@@ -15,6 +15,16 @@ from lm_eval_spot.decoding.tree import DraftTree
 
 
 @dataclass(frozen=True)
+class RoundRun:
+    """One round as it ran, for proposers that learn its cost."""
+
+    rows: int  # rows in its target forward
+    ms: float  # from the round's start to the end of its verification
+    ahead: bool  # a lookahead row rode along
+    pending: bool  # finished blocks rode along (`RoundContext.pending`)
+
+
+@dataclass(frozen=True)
 class RoundContext:
     """What a proposer may read at the start of a round (never the target's hidden states)."""
 
@@ -29,9 +39,12 @@ class RoundContext:
     # The verifier's verdict on this request's previous round: the accepted node indices (1-based, root
     # excluded) of the tree proposed then; None in a request's first round. Adaptive proposers learn from it.
     prev_path: tuple[int, ...] | None = None
-    # This request's previous round as it ran: (rows in its target forward, milliseconds from the round's start to
-    # the end of its verification). Only where the request decodes alone (a batched forward's time is not its own).
-    prev_round: tuple[int, float] | None = None
+    # This request's previous round as it ran. Only where the request decodes alone (a batched forward's time is
+    # not its own).
+    prev_round: RoundRun | None = None
+    # This round's forward also writes finished blocks into the target's cache (a block's first round on a
+    # block-causal target): its rows are longer, so each costs more.
+    pending: bool = False
 
 
 class Proposer(Protocol):
