@@ -75,6 +75,12 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("the loop never tells the proposer that finished blocks ride along", "lm_eval_spot/decoding/loop.py",
      "                                                      self.prev_round, self._pending))",
      "                                                      self.prev_round, False))"),
+    ("replica rows do not read the pending block's keys", "lm_eval_spot/adapters/prefix_attention.py",
+     "        ext = (torch.cat([kv[0], k[:1]], -2), torch.cat([kv[1], v[:1]], -2)) if kv is not None else (k[:1], v[:1])",
+     "        ext = kv"),
+    ("the pending block is stored without the prefix it attended", "lm_eval_spot/adapters/prefix_attention.py",
+     "        head = self._shared(kv, q[:1], k[:1], v[:1], scaling)",
+     "        head = self._shared(None, q[:1], k[:1], v[:1], scaling)"),
 ]
 
 

@@ -112,3 +112,38 @@ def test_empty_prompt_opens_without_prefill():
     assert tail == [] and session.block_start == 0 and session.nfe.total == 0
     out = session.block_logits(torch.full((1, L), MASK))
     assert out.shape == (1, L, V) and torch.isfinite(out).all()
+
+
+def test_one_pending_block_is_computed_once_and_every_replica_row_equals_its_state_alone():
+    """A later block's first forward carries the finished block as a batch row of its own (not once per replica).
+    Each replica's logits equal that state's alone in the same situation bit for bit (control and SPOT rows take
+    the same arithmetic), match a cache-free recomputation, and the block is stored once: the next forward, from
+    the cache, matches the recomputation too. Also where the one pending block is the prompt's."""
+    adapter = make_adapter(seed=4)
+    gen = torch.Generator().manual_seed(11)
+    for prompt_len in (L + 3, 2 * L + 5):
+        prompt = torch.randint(5, V, (prompt_len,), generator=gen).tolist()
+        done = (prompt_len // L) * L
+        finished = random_state(gen, 0)
+        states = torch.stack([random_state(gen, n) for n in (7, 4, 2, 0)])
+
+        def session_at_pending():
+            s, _ = adapter.open(prompt)
+            if done > L:  # several prompt blocks: they go first, then one finished block is pending
+                s.block_logits(random_state(torch.Generator().manual_seed(0), 3)[None])
+                s.commit_block(finished)
+            return s
+
+        s = session_at_pending()
+        assert len(s._pending) == L
+        batched = s.block_logits(states)
+        context = prompt[:done] + (finished.tolist() if done > L else [])
+        for r in range(states.shape[0]):
+            alone = session_at_pending().block_logits(states[r : r + 1])[0]
+            assert torch.equal(batched[r], alone)
+            ref = full_logits(adapter, context + states[r].tolist())[len(context):]
+            torch.testing.assert_close(batched[r], ref, rtol=0, atol=1e-4)
+        assert s.prefix_kv[0][0].shape[-2] == len(context) and not s.has_pending
+        nxt = random_state(gen, 5)
+        ref = full_logits(adapter, context + nxt.tolist())[len(context):]
+        torch.testing.assert_close(s.block_logits(nxt[None])[0], ref, rtol=0, atol=1e-4)

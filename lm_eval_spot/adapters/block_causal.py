@@ -69,6 +69,8 @@ class BlockCausalSession:
         if ahead is not None and not 0 <= ahead < R:
             raise ValueError(f"lookahead row {ahead} is not one of the {R} states")
         P = len(self._pending)
+        if P == L:
+            return self._forward_pending_row(states, ahead)
         pend_pos = torch.arange(self._len, self._len + P)
         pos = torch.cat([pend_pos, self.block_start + torch.arange(L)]).unsqueeze(0).expand(R, -1)
         pending = torch.tensor(self._pending, dtype=torch.long)
@@ -92,6 +94,30 @@ class BlockCausalSession:
             self._kv = [(torch.cat([k0, k1], -2), torch.cat([v0, v1], -2)) for (k0, v0), (k1, v1) in
                         zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
             self._len, self._pending = self._len + P, []
+        self.nfe.rounds += 1
+        return logits
+
+    def _forward_pending_row(self, states: torch.Tensor, ahead: int | None) -> torch.Tensor:
+        """`_forward` when exactly one block is pending (a later block's first round): that block rides as batch
+        row 0, computed once, and the replica rows read its keys after the prefix (`PrefixPass.pending_row`)."""
+        R, L = states.shape
+        info, dev = self._adapter.info, self._adapter.device
+        start = self.block_start
+        ids = torch.cat([torch.tensor(self._pending, dtype=torch.long)[None], states.long()])
+        pos = torch.cat([torch.arange(self._len, self._len + L)[None], (start + torch.arange(L)).expand(R, -1)])
+        if ahead is not None:
+            ids = torch.cat([ids, torch.full((1, L), info.mask_id, dtype=torch.long)])
+            pos = torch.cat([pos, (start + L + torch.arange(L))[None]])
+        mask = torch.zeros(L, L, dtype=self._adapter.dtype, device=dev)  # bidirectional inside a block
+        pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, pending_row=True,
+                        ahead=None if ahead is None else (ahead + 1, L))
+        logits = self._adapter._run(ids, pos, pp, L)[1:]
+        if len(pp.recorded) != len(self._adapter.layers):
+            raise RuntimeError("the model did not route attention through the shared-prefix function")
+        new = [pp.recorded[i] for i in self._adapter.layers]
+        self._kv = [(torch.cat([k0, k1], -2), torch.cat([v0, v1], -2)) for (k0, v0), (k1, v1) in
+                    zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
+        self._len, self._pending = self._len + L, []
         self.nfe.rounds += 1
         return logits
 

@@ -8,11 +8,14 @@ prefix [1, kv, P, d] once for all rows (replicas folded into the query axis of o
 row's own new keys separately, with one softmax over both. Without a `PrefixPass` (any other caller of the model)
 it is transformers' own SDPA attention.
 
-Two paths, chosen only by whether the forward carries pending blocks (the same for every method in a given
-round, so control and SPOT rows always take the same arithmetic):
+Three paths, chosen only by the forward's pending blocks (the same for every method in a given round, so control
+and SPOT rows always take the same arithmetic):
 - no pending tokens (every round but a block's first): the shared-prefix path above;
-- pending tokens (a block's first round, which also writes the pending blocks' KV): SDPA over the
-  concatenated keys, which can be long (a 1k-token prompt) and is then better served by a fused kernel.
+- exactly one pending block (a later block's first round): that block is a batch row of its own (`pending_row`,
+  row 0), attending the prefix and itself; every other row reads its keys as one more prefix block. The block
+  is computed once, not once per replica (R replicas of [pending ; state] cost about 2R rows);
+- several pending blocks (the prompt's, in the first round): SDPA over the concatenated keys, which can be long
+  (a 1k-token prompt) and is then better served by a fused kernel.
 
 Cross-block lookahead (`PrefixPass.ahead`): the forward's LAST row holds the next block's state, and its block
 positions also attend the active-block keys of an earlier row (a drafted completion of the active block), as the
@@ -44,12 +47,36 @@ class PrefixPass:
     # (row holding a completion of the active block, its block length): the last row is the next block, which
     # also attends that row's last `block` keys. Only in a one-request forward.
     ahead: tuple[int, int] | None = None
+    # Row 0 is the one pending block (its keys recorded for the cache); the other rows read it after the prefix.
+    # Only in a one-request forward; new_mask is then the block's own [L, L].
+    pending_row: bool = False
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
         """q [R, H, N, d], k/v [R, kv, N, d] (after RoPE) -> attention output [R, N, H, d]."""
+        if self.pending_row:
+            return self._with_pending_row(layer, q, k, v, scaling)
         if self.ahead is not None:
             return self._with_ahead(layer, q, k, v, scaling)
         return self._attend(layer, q, k, v, scaling)
+
+    def _with_pending_row(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
+                          ) -> torch.Tensor:
+        if len(self.segments) != 1:
+            raise ValueError("a pending block rides along with one request's forward at a time")
+        pre = self.segments[0][2]
+        kv = pre[layer] if pre else None
+        self.recorded[layer] = (k[:1], v[:1])
+        head = self._shared(kv, q[:1], k[:1], v[:1], scaling)  # the pending block: the prefix and itself
+        # Every later row: the prefix extended by the pending block, exactly as once it is stored.
+        ext = (torch.cat([kv[0], k[:1]], -2), torch.cat([kv[1], v[:1]], -2)) if kv is not None else (k[:1], v[:1])
+        if self.ahead is None:
+            return torch.cat([head, self._shared(ext, q[1:], k[1:], v[1:], scaling)], dim=0)
+        a, L = self.ahead
+        end = q.shape[0] - 1
+        body = self._shared(ext, q[1:end], k[1:end], v[1:end], scaling)
+        ext_a = (torch.cat([ext[0], k[a : a + 1, :, -L:]], -2), torch.cat([ext[1], v[a : a + 1, :, -L:]], -2))
+        last = self._shared(ext_a, q[end:], k[end:], v[end:], scaling)
+        return torch.cat([head, body, last], dim=0)
 
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
         if self.record:
