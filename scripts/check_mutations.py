@@ -75,6 +75,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("the loop never tells the proposer that finished blocks ride along", "lm_eval_spot/decoding/loop.py",
      "                                                      self.prev_round, self._pending))",
      "                                                      self.prev_round, False))"),
+    ("budget=auto's learned round costs may fall with more rows", "lm_eval_spot/auto_budget.py",
+     "        return (out[0],) + monotone_fit(out[1:], w)", "        return tuple(out)"),
     ("replica rows do not read the pending block's keys", "lm_eval_spot/adapters/prefix_attention.py",
      "        ext = (torch.cat([kv[0], k[:1]], -2), torch.cat([kv[1], v[:1]], -2)) if kv is not None else (k[:1], v[:1])",
      "        ext = kv"),

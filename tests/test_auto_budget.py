@@ -344,3 +344,31 @@ def test_auto_learns_pending_rounds_costs_apart_skips_lookahead_rounds_and_price
     assert prop._table is prop.pending_costs.table
     prop.propose(ctx)
     assert prop._table is prop.round_costs.table
+
+
+def test_monotone_fit_pools_dips_keeps_jumps_and_weighs_by_rounds():
+    from lm_eval_spot.auto_budget import monotone_fit
+
+    line = [1.0, 2.0, 2.0, 5.0, 9.0]
+    assert monotone_fit(line, [1.0] * 5) == tuple(line)  # already non-decreasing (a jump at 4): unchanged
+    got = monotone_fit([1.0, 3.0, 2.0, 4.0], [1.0, 1.0, 1.0, 1.0])
+    assert got == pytest.approx((1.0, 2.5, 2.5, 4.0))  # the dip pooled with its neighbour
+    got = monotone_fit([1.0, 3.0, 2.0, 4.0], [1.0, 3.0, 1.0, 1.0])
+    assert got == pytest.approx((1.0, 2.75, 2.75, 4.0))  # the better-measured side holds more
+    assert all(b >= a for a, b in zip(got, got[1:]))
+
+
+def test_learned_round_costs_never_fall_with_more_rows():
+    """A row count whose few rounds ran fast (noise) must not look cheaper than a smaller one: it would draw every
+    round's tree to that size."""
+    from lm_eval_spot.auto_budget import RoundCosts
+
+    startup = linear_costs(2.0, 0.5, 0.1)
+    rc = RoundCosts(startup, 23)
+    for ms in (6.0, 6.1, 6.2):
+        rc.observe(8, ms)
+    for ms in (5.1, 5.2, 5.3):
+        rc.observe(9, ms)
+    t = rc.table
+    assert all(b >= a - 1e-12 for a, b in zip(t[1:], t[2:]))
+    assert t[8] == pytest.approx(t[9]) and t[8] == pytest.approx((6.1 * 3 + 5.2 * 3) / 6)
