@@ -363,7 +363,9 @@ class AutoBudgetProposer(TreeProposer):
         if run is not None:
             # The round's time less this proposer's own (priced per node and per round on its own). A round with
             # a lookahead row runs another, dearer path (the loop adds that row; the tree does not choose it).
-            if not run.ahead:
+            # One with several finished blocks (the prompt's, in the first round, which drafts nothing) costs by
+            # the prompt's length: it teaches neither table.
+            if not run.ahead and run.pending <= 1:
                 costs = self.pending_costs if run.pending else self.round_costs
                 costs.observe(run.rows, max(0.0, run.ms - self._propose_ms))
         self._table = (self.pending_costs if ctx.pending else self.round_costs).table

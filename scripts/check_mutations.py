@@ -75,6 +75,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("the loop never tells the proposer that finished blocks ride along", "lm_eval_spot/decoding/loop.py",
      "                                                      self.prev_round, self._pending))",
      "                                                      self.prev_round, False))"),
+    ("budget=auto learns the prompt's first round (several blocks ride along) as a one-block round",
+     "lm_eval_spot/auto_budget.py", "if not run.ahead and run.pending <= 1:", "if not run.ahead:"),
     ("budget=auto's learned round costs may fall with more rows", "lm_eval_spot/auto_budget.py",
      "        return (out[0],) + monotone_fit(out[1:], w)", "        return tuple(out)"),
     ("replica rows do not read the pending block's keys", "lm_eval_spot/adapters/prefix_attention.py",

@@ -249,6 +249,10 @@ def test_the_loop_reports_each_rounds_rows_and_time_only_when_the_request_runs_a
     told = [k for k, p in enumerate(alone.pending) if p]
     reported = [k - 1 for k, s in enumerate(alone.seen) if s is not None and s.pending]
     assert told == reported and len(told) == 1  # 3 prompt tokens + 24 generated in blocks of 16: one new block
+    assert alone.pending[told[0]] == 1
+    long_prompt = _Seen()  # 2 complete prompt blocks ride along with the first forward
+    decode(ad, list(range(4, 4 + 35)), cfg, seed=3, proposer=long_prompt)
+    assert long_prompt.pending[0] == 2 and long_prompt.seen[1].pending == 2
     together = [_Seen(), _Seen()]
     decode_many(ad, [DecodeJob([4, 5, 6], cfg, 3, proposer=p) for p in together], batch_size=2)
     assert all(s is None for p in together for s in p.seen) and together[0].seen
@@ -334,13 +338,13 @@ def test_auto_learns_pending_rounds_costs_apart_skips_lookahead_rounds_and_price
     prop = AutoBudgetProposer(LearnedOrder(random_factored(3, d_model=32, n_heads=2, n_layers=1, d_ff=64)),
                               TreeConfig(budget=20), linear_costs(10.0, 0.5, 0.1))
     ctx = context(7, 16, 4.0, 0.0, 2)
-    runs = [RoundRun(5, 12.0, False, False), RoundRun(5, 12.0, True, False), RoundRun(5, 12.0, True, True)]
-    runs += [RoundRun(5, 40.0, False, True)] * 3
+    runs = [RoundRun(5, 12.0, False, 0), RoundRun(5, 12.0, True, 0), RoundRun(5, 12.0, True, 1)]
+    runs += [RoundRun(5, 40.0, False, 1)] * 3 + [RoundRun(5, 90.0, False, 2)]  # the last: the prompt's blocks
     for run in runs:
         prop.propose(dataclasses.replace(ctx, prev_round=run))
     assert prop.round_costs.seen == 1 and prop.pending_costs.seen == 3
     assert prop.pending_costs.table[5] > 30.0 > prop.round_costs.table[5]
-    prop.propose(dataclasses.replace(ctx, pending=True))
+    prop.propose(dataclasses.replace(ctx, pending=1))
     assert prop._table is prop.pending_costs.table
     prop.propose(ctx)
     assert prop._table is prop.round_costs.table

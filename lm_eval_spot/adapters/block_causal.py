@@ -40,6 +40,11 @@ class BlockCausalSession:
         return self._len + len(self._pending)
 
     @property
+    def pending_blocks(self) -> int:
+        """How many complete blocks ride along with the next forward."""
+        return len(self._pending) // self._adapter.info.block_len
+
+    @property
     def has_pending(self) -> bool:
         """Complete blocks wait to ride along with the next forward (a block's first round)."""
         return bool(self._pending)

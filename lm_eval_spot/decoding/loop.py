@@ -205,7 +205,7 @@ class RequestDecode:
         self.prev_path: tuple[int, ...] | None = None
         self.timed = timed
         self.prev_round: RoundRun | None = None
-        self._pending = False  # this round's forward carries finished blocks (`RoundContext.pending`)
+        self._pending = 0  # finished blocks this round's forward carries (`RoundContext.pending`)
         self._rows = 0
         self.on_verify = getattr(observer, "on_verify", None) if observer is not None else None
         self.result: DecodeResult | None = None
@@ -254,7 +254,7 @@ class RequestDecode:
             self.block += 1
             self._start_block()
         self._t_round = time.perf_counter()
-        self._pending = bool(getattr(self.session, "has_pending", False))
+        self._pending = int(getattr(self.session, "pending_blocks", 0))
         eligible = (self.state == mask_id) & self.window
         tree = DraftTree.empty()
         self._q = None

@@ -21,7 +21,7 @@ class RoundRun:
     rows: int  # rows in its target forward
     ms: float  # from the round's start to the end of its verification
     ahead: bool  # a lookahead row rode along
-    pending: bool  # finished blocks rode along (`RoundContext.pending`)
+    pending: int  # finished blocks that rode along (`RoundContext.pending`)
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,9 @@ class RoundContext:
     # This request's previous round as it ran. Only where the request decodes alone (a batched forward's time is
     # not its own).
     prev_round: RoundRun | None = None
-    # This round's forward also writes finished blocks into the target's cache (a block's first round on a
-    # block-causal target): its rows are longer, so each costs more.
-    pending: bool = False
+    # Finished blocks this round's forward also writes into the target's cache (a block's first round on a
+    # block-causal target: one, or the prompt's complete blocks in the first round): each row costs more.
+    pending: int = 0
 
 
 class Proposer(Protocol):
