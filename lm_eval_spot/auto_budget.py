@@ -248,13 +248,12 @@ class RoundCosts:
         # An unseen row count: the nearest seen one's median plus the start-up curve's increment from there. The fit's
         # own level would put a seen 1-row round's real cost beside a fitted 2-row one and price drafting out.
         med, t0 = self._median, self.t0
-        seen = sorted(med)
         out = []
         for r, t in enumerate(t0):
             if r in med:
                 out.append(med[r])
                 continue
-            k = min(seen, key=lambda s: (abs(s - r), s))
+            k = min(med, key=lambda s: (abs(s - r), s))
             out.append(med[k] + scale * (t - t0[k]))
         # More rows never cost less: medians of a few noisy rounds dip below their neighbours (measured: 9 rows
         # 5.2 ms beside 8 rows 6.1), and a dip draws every round's tree to it. Seen row counts weigh by their

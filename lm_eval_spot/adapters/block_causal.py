@@ -93,14 +93,18 @@ class BlockCausalSession:
         pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, record=P, ahead=None if ahead is None else (ahead, L))
         logits = self._adapter._run(ids, pos, pp, L)
         if P:
-            if len(pp.recorded) != len(self._adapter.layers):
-                raise RuntimeError("the model did not route attention through the shared-prefix function")
-            new = [pp.recorded[i] for i in self._adapter.layers]
-            self._kv = [(torch.cat([k0, k1], -2), torch.cat([v0, v1], -2)) for (k0, v0), (k1, v1) in
-                        zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
-            self._len, self._pending = self._len + P, []
+            self._store(pp)
         self.nfe.rounds += 1
         return logits
+
+    def _store(self, pp: PrefixPass) -> None:
+        """Append the pending blocks' keys and values, recorded by the forward just run, to the prefix cache."""
+        if len(pp.recorded) != len(self._adapter.layers):
+            raise RuntimeError("the model did not route attention through the shared-prefix function")
+        new = [pp.recorded[i] for i in self._adapter.layers]
+        self._kv = [(torch.cat([k0, k1], -2), torch.cat([v0, v1], -2)) for (k0, v0), (k1, v1) in
+                    zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
+        self._len, self._pending = self._len + len(self._pending), []
 
     def _forward_pending_row(self, states: torch.Tensor, ahead: int | None) -> torch.Tensor:
         """`_forward` when exactly one block is pending (a later block's first round): that block rides as batch
@@ -117,12 +121,7 @@ class BlockCausalSession:
         pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, pending_row=True,
                         ahead=None if ahead is None else (ahead + 1, L))
         logits = self._adapter._run(ids, pos, pp, L)[1:]
-        if len(pp.recorded) != len(self._adapter.layers):
-            raise RuntimeError("the model did not route attention through the shared-prefix function")
-        new = [pp.recorded[i] for i in self._adapter.layers]
-        self._kv = [(torch.cat([k0, k1], -2), torch.cat([v0, v1], -2)) for (k0, v0), (k1, v1) in
-                    zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
-        self._len, self._pending = self._len + L, []
+        self._store(pp)
         self.nfe.rounds += 1
         return logits
 
