@@ -263,3 +263,26 @@ def test_functional_encoder_pass_equals_the_module(heads, layers):
     x = torch.randn(3, 16, 64)
     with torch.no_grad():
         assert torch.allclose(encode(enc, x), enc(x), atol=1e-5)
+
+
+def test_training_a_narrower_factored_drafter_that_reads_fewer_stale_inputs(tiny_target_dir, tmp_path):
+    """--top-k / --d-pair (the capacity sweep of issue 16): the model is built, trained and saved at that size,
+    reads only the top-k it was trained on, and drafts exactly (paired control) through the plugin."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Q: {i}+{i}=?\nA:"}) + "\n" for i in range(8)))
+    out = tmp_path / "run"
+    base = ["all", "--out", str(out), "--target", str(tiny_target_dir), "--prompts-file", str(prompts),
+            "--n-prompts", "8", "--max-gen-toks", "16", "--steps", "4", "--batch", "8", "--d-model", "16",
+            "--heads", "2", "--layers", "1", "--d-ff", "24"]
+    with pytest.raises(SystemExit):
+        train_main([*base, "--top-k", "33"])
+    train_main([*base, "--top-k", "4", "--d-pair", "8"])
+    doc = json.loads((out / "drafter" / "drafter.json").read_text())
+    assert doc["config"]["top_k"] == 4 and doc["config"]["d_pair"] == 8 and doc["meta"]["top_k"] == 4
+    model, _ = load_drafter(out / "drafter", block_len=8)
+    assert model.inp.weight.shape == (16, 2 * 4 + 1)
+    assert model.pairs.weight.shape[0] == 4 * 8
+    lm = SpotDLM(pretrained=str(tiny_target_dir), drafter=str(out / "drafter"), mode="spot", budget=4,
+                 control="paired", seed=1)
+    lm.generate_until([Instance("generate_until", {}, ("Q: 2+5", {"until": ["\n\n"], "max_gen_toks": 14}), 0)])
+    assert lm.get_model_info()["spot"]["exact_match_to_control"] == 1.0

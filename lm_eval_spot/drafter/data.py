@@ -145,7 +145,8 @@ class RoundBatch:
     eligible: torch.Tensor  # [B, L]
 
 
-def make_round_batch(traj: Trajectories, rounds: torch.Tensor, max_depth: int, rank_pad: int) -> RoundBatch:
+def make_round_batch(traj: Trajectories, rounds: torch.Tensor, max_depth: int, rank_pad: int,
+                     top_k: int | None = None) -> RoundBatch:
     """rounds [B] (draftable) -> every replay depth k < max_depth of each, stale = round r-1 held fixed."""
     from lm_eval_spot.drafter.factored import round_inputs
 
@@ -161,6 +162,6 @@ def make_round_batch(traj: Trajectories, rounds: torch.Tensor, max_depth: int, r
     on_path[:, 1:] = onehot.cumsum(1)[:, :-1] > 0
     last = torch.full_like(pos, -1)
     last[:, 1:] = pos[:, :-1]
-    feat, rank, status = round_inputs(traj.topk[r - 1], traj.conf[r - 1], traj.log1m[r - 1], traj.committed[r],
+    feat, rank, status = round_inputs(traj.topk[r - 1, :, :top_k], traj.conf[r - 1], traj.log1m[r - 1], traj.committed[r],
                                       traj.eligible[r], rank_pad)
     return RoundBatch(feat, rank, status, on_path, last, pos, valid, traj.conf[r - 1], traj.eligible[r])

@@ -150,7 +150,7 @@ def split_examples(traj: Trajectories, cfg: TrainConfig) -> tuple[torch.Tensor, 
 
 def _loss(model: DrafterModel, traj: Trajectories, units: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
     if isinstance(model, FactoredOrderModel):
-        b = make_round_batch(traj, units, cfg.max_depth, model.cfg.max_block_len)
+        b = make_round_batch(traj, units, cfg.max_depth, model.cfg.max_block_len, model.cfg.top_k)
         logits = model.node_logits(model.tables(b.feat, b.rank, b.status), b.on_path, b.last)
         return torch.nn.functional.cross_entropy(logits[b.valid], b.label[b.valid])
     b = make_batch(traj, units)
@@ -281,7 +281,7 @@ def _evaluate_factored(model: FactoredOrderModel, traj: Trajectories, rounds: to
                        cfg: TrainConfig) -> dict[str, float]:
     hits = base = hits0 = base0 = n = n0 = 0
     for i in range(0, len(rounds), 256):
-        b = make_round_batch(traj, rounds[i : i + 256], cfg.max_depth, model.cfg.max_block_len)
+        b = make_round_batch(traj, rounds[i : i + 256], cfg.max_depth, model.cfg.max_block_len, model.cfg.top_k)
         pred = model.node_logits(model.tables(b.feat, b.rank, b.status), b.on_path, b.last).argmax(-1)
         cand = b.eligible[:, None, :] & ~b.on_path
         conf = b.stale_conf[:, None, :].expand_as(cand).masked_fill(~cand, -1.0).argmax(-1)
@@ -318,6 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--d-ff", type=int, default=None, help="feed-forward width (default 448 factored, 512 encoder)")
+    ap.add_argument("--d-pair", type=int, default=FactoredConfig.d_pair, help="factored only: width of the pair tables")
+    ap.add_argument("--top-k", type=int, default=TOP_K,
+                    help=f"factored only: stale top-k probabilities read per slot (at most {TOP_K}, what trajectories store)")
     ap.add_argument("--no-slot-embedding", action="store_true",
                     help="factored only: no slot-index embedding (the model sees where slots are only through the data)")
     ap.add_argument("--dropout", type=float, default=0.0, help="order model dropout while training (default none)")
@@ -333,8 +336,10 @@ def main(argv: list[str] | None = None) -> None:
     size = {"d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers}
     model_cfg: OrderModelConfig | FactoredConfig
     if args.arch == "factored":
+        if not 1 <= args.top_k <= TOP_K:
+            ap.error(f"--top-k must be in 1..{TOP_K} (trajectories store the top {TOP_K}), got {args.top_k}")
         model_cfg = FactoredConfig(**size, d_ff=args.d_ff or FactoredConfig.d_ff, dropout=args.dropout,
-                                   slot_embedding=not args.no_slot_embedding)
+                                   slot_embedding=not args.no_slot_embedding, d_pair=args.d_pair, top_k=args.top_k)
     else:
         model_cfg = OrderModelConfig(**size, d_ff=args.d_ff or OrderModelConfig.d_ff, dropout=args.dropout)
     batch = args.batch or (48 if args.arch == "factored" else 256)
@@ -358,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
         scores = evaluate(model, traj, held, cfg)
         info = json.loads((out / "collect.json").read_text())
         meta = DrafterMeta(
-            feature_version=feature_version_of(model), top_k=TOP_K, block_lens=(int(info["block_len"]),),
+            feature_version=feature_version_of(model), top_k=getattr(model.cfg, "top_k", TOP_K), block_lens=(int(info["block_len"]),),
             target=str(info["target"]), task=args.task if not args.prompts_file else args.prompts_file,
             heldout_accuracy=scores["accuracy"], heldout_stale_conf_accuracy=scores["stale_conf_accuracy"],
             extra={"scores": scores, "train": asdict(cfg), "params": n_params(model),
