@@ -162,6 +162,7 @@ def make_round_batch(traj: Trajectories, rounds: torch.Tensor, max_depth: int, r
     on_path[:, 1:] = onehot.cumsum(1)[:, :-1] > 0
     last = torch.full_like(pos, -1)
     last[:, 1:] = pos[:, :-1]
-    feat, rank, status = round_inputs(traj.topk[r - 1, :, :top_k], traj.conf[r - 1], traj.log1m[r - 1], traj.committed[r],
-                                      traj.eligible[r], rank_pad)
+    # top_k: the model's own (at most what trajectories store); None reads all of them.
+    feat, rank, status = round_inputs(traj.topk[r - 1, :, :top_k], traj.conf[r - 1], traj.log1m[r - 1],
+                                      traj.committed[r], traj.eligible[r], rank_pad)
     return RoundBatch(feat, rank, status, on_path, last, pos, valid, traj.conf[r - 1], traj.eligible[r])

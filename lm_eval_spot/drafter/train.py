@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
         scores = evaluate(model, traj, held, cfg)
         info = json.loads((out / "collect.json").read_text())
         meta = DrafterMeta(
-            feature_version=feature_version_of(model), top_k=getattr(model.cfg, "top_k", TOP_K), block_lens=(int(info["block_len"]),),
+            feature_version=feature_version_of(model), top_k=model.cfg.top_k,
+            block_lens=(int(info["block_len"]),),
             target=str(info["target"]), task=args.task if not args.prompts_file else args.prompts_file,
             heldout_accuracy=scores["accuracy"], heldout_stale_conf_accuracy=scores["stale_conf_accuracy"],
             extra={"scores": scores, "train": asdict(cfg), "params": n_params(model),
