@@ -4,7 +4,7 @@
 
 Reads lm-eval output (`results_*.json`, and the `samples_*.jsonl` beside them when the runs used --log_samples)
 and writes one table: target and drafter, task, mode, budget, temperature, n, accuracy with its stderr, NFE per
-sample, tokens per forward, throughput ratio with its spread (paired runs), exact match to control, and whether the
+sample, tokens per forward, batch size, decoding wall time and generated tokens per second, throughput ratio with its spread (paired runs), exact match to control, and whether the
 run was exact or approximate. Each drafting run is compared per sample with the control run of the same target,
 task, temperature and samples: the share of identical generations, the accuracy difference and McNemar's exact
 test, and a verdict ("accuracy preserved" only when every generation is identical, or when the difference is
@@ -176,8 +176,18 @@ def _control_for(run: Run, runs: list[Run]) -> Run | None:
 
 
 COLUMNS = ("target", "drafter", "task", "mode", "budget", "T", "n", "accuracy", "stderr", "NFE/sample",
-           "tokens/forward", "throughput ratio (q25-q75)", "exact match to control", "prefix cache",
+           "tokens/forward", "batch size", "wall s", "tokens/s", "throughput ratio (q25-q75)", "exact match to control", "prefix cache",
            "identical to control", "accuracy diff", "McNemar p", "verdict")
+
+
+def tokens_per_s(spot: dict[str, Any]) -> str:
+    """The run's generated tokens per second of decoding. Runs written before the summary timed lm-eval's calls
+    (no `decode_wall_s`) divided by the SUM of request latencies: at batch size > 1 that under-reports, so say so."""
+    rate = spot.get("gen_tokens_per_s")
+    if rate is None:
+        return ""
+    old = "decode_wall_s" not in spot and str(spot.get("batch_size", 1)) != "1"
+    return f"{rate:.1f}" + (" (summed request latencies: too low)" if old else "")
 
 
 def table_rows(runs: list[Run]) -> list[dict[str, Any]]:
@@ -193,7 +203,9 @@ def table_rows(runs: list[Run]) -> list[dict[str, Any]]:
             "T": "" if r.temperature is None else f"{r.temperature:g}", "n": r.n, "accuracy": f"{r.accuracy:.4f}",
             "stderr": "" if r.stderr is None else f"{r.stderr:.4f}",
             "NFE/sample": f"{s.get('nfe_per_sample', float('nan')):.2f}",
-            "tokens/forward": f"{s.get('tokens_per_forward', float('nan')):.3f}", "throughput ratio (q25-q75)": ratio,
+            "tokens/forward": f"{s.get('tokens_per_forward', float('nan')):.3f}",
+            "batch size": s.get("batch_size", ""), "wall s": f"{s['wall_s']:.1f}" if "wall_s" in s else "",
+            "tokens/s": tokens_per_s(s), "throughput ratio (q25-q75)": ratio,
             "exact match to control": f"{s['exact_match_to_control']:.3f}" if "exact_match_to_control" in s else "",
             "prefix cache": s.get("prefix_cache", "exact"),
             "identical to control": f"{pair['identical']:.3f}" if "identical" in pair else "",

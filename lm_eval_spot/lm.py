@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from dataclasses import dataclass, replace
 from typing import Any
@@ -43,7 +44,7 @@ def _sample_entry(context: str, r: DecodeResult) -> dict[str, Any]:
     from lm_eval.utils import hash_string
 
     return {"prompt_hash": hash_string(context), "nfe": r.nfe.total, "gen_tokens": len(r.token_ids),
-            "rounds": r.rounds, "wall_s": round(r.wall_s, 6), "stop_reason": r.stop_reason}
+            "rounds": r.rounds, "latency_s": round(r.wall_s, 6), "stop_reason": r.stop_reason}
 
 
 class RequestError(ValueError):
@@ -103,6 +104,7 @@ class SpotDLM(LM):
         paired = drafting and (self.args.control == "paired" or self.oracle)
         self.paired = PairedStats() if paired else None
         self._auto_bs: int | None = None
+        self._decode_s = 0.0  # wall time of the method's own decoding calls (chunks, not requests), running total
         # Per request, in lm-eval's request order: joined with its samples file by `prompt_hash` (compare.py).
         self.sample_log: list[dict[str, Any]] = []
         # Every rank's statistics, gathered at the end of each generate_until (None: single process).
@@ -129,6 +131,8 @@ class SpotDLM(LM):
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         # lm-eval's padding copies (multi-process runs) are answered with the real request's text, never decoded
         # or counted: the summed statistics then equal a single-process run's.
+        t_call = time.perf_counter()
+        decode_s = self._decode_s
         n_pad = padding_count(requests) if self.ranks.distributed else 0
         real = requests[: len(requests) - n_pad]
         # Every request is validated before the first one is decoded: nothing half-done on bad input.
@@ -149,6 +153,8 @@ class SpotDLM(LM):
                     bar.update(1)
                 bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
         bar.close()
+        if jobs:
+            self.stats.add_call(time.perf_counter() - t_call, self._decode_s - decode_s)
         # Multi-process runs log the summed summary at lm-eval's barrier, which every rank reaches (a rank whose
         # requests all came from --use_cache never calls this method).
         if jobs and not self.ranks.distributed:
@@ -167,6 +173,8 @@ class SpotDLM(LM):
         paired = PairedStats() if self.paired is not None else None
         samples: list[dict[str, Any]] = []
         served = [p[3] for p in parts]
+        # The ranks decode side by side: the run took as long as its slowest rank.
+        stats.add_call(max(p[0].call_wall_s for p in parts), max(p[0].decode_wall_s for p in parts))
         for rank_stats, rank_paired, rank_log, _ in parts:
             for s, t in zip(rank_stats.samples, rank_stats.temperatures, strict=True):
                 stats.add(s, t)
@@ -197,21 +205,29 @@ class SpotDLM(LM):
         """Decode a chunk of requests together; with paired control, also decode them draft-free (the oracle
         drafts from that control run's commits)."""
         if self.paired is None:
-            return self._decode_jobs(chunk, [self.proposer] * len(chunk))
+            return self._timed_decode(chunk, [self.proposer] * len(chunk))
         if self.oracle:
             logs = [CommitLog() for _ in chunk]
             control = self._decode_jobs(chunk, [None] * len(chunk), logs)
             assert isinstance(self.args.budget, int)
-            drafted = self._decode_jobs(chunk, [OracleProposer(log_, self.args.budget) for log_ in logs])
+            drafted = self._timed_decode(chunk, [OracleProposer(log_, self.args.budget) for log_ in logs])
             for d, c in zip(drafted, control, strict=True):
                 self.paired.add(d[1], c[1])
             return drafted
         runs = {}
         for use_proposer in (False, True) if control_first else (True, False):
-            runs[use_proposer] = self._decode_jobs(chunk, [self.proposer if use_proposer else None] * len(chunk))
+            runs[use_proposer] = (self._timed_decode(chunk, [self.proposer] * len(chunk)) if use_proposer
+                                  else self._decode_jobs(chunk, [None] * len(chunk)))
         for d, c in zip(runs[True], runs[False], strict=True):
             self.paired.add(d[1], c[1])
         return runs[True]
+
+    def _timed_decode(self, chunk: list[_Job], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
+        """The method's own decoding of a chunk, its wall time added to the run's decoding time."""
+        t0 = time.perf_counter()
+        out = self._decode_jobs(chunk, proposers)
+        self._decode_s += time.perf_counter() - t0
+        return out
 
     def _plan(self, requests: list[Any]) -> list[_Job]:
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs

@@ -3,6 +3,11 @@
 Formulas (method.md): NFE = target forwards (a batched verification forward is one; prefill and block stores
 count too); tokens per forward = committed tokens / NFE; throughput = generated tokens / wall seconds, prompt
 tokens never counted.
+
+Time: the run's `wall_s` is the time the user waited for lm-eval's generate calls (summed over calls, never over
+requests: at batch size N the requests' latencies overlap); `gen_tokens_per_s` divides by the time of the
+method's own decoding calls (the same thing unless control=paired also decodes every request draft-free). Each
+request's latency (start to finish, batch-mates running alongside) stays per sample as `latency_s`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ class SampleStats:
     committed: int  # ids the decoder committed (can exceed gen_tokens past a stop)
     rounds: int
     accepted_per_round: float  # mean drafted edges accepted per round (0 for control)
-    wall_s: float
+    latency_s: float  # this request's start to finish (overlaps its batch-mates' at batch size > 1)
     stop_reason: str
     host_bytes: int = 0  # read back from the target's device
     forward_s: float = 0.0  # round time in target forwards / drafting / the rest (transitions, verification)
@@ -43,6 +48,10 @@ class RunStats:
     samples: list[SampleStats] = field(default_factory=list)
     temperatures: list[float] = field(default_factory=list)  # per sample (ranks' statistics are merged by add)
     _nfe_sum: int = 0
+    # Wall time of lm-eval's generate calls (what the user waited) and of the method's own decoding calls inside
+    # them (less when control=paired also decodes draft-free); summed over calls, the slowest rank's when merged.
+    call_wall_s: float = 0.0
+    decode_wall_s: float = 0.0
 
     def add(self, s: SampleStats, temperature: float) -> None:
         self.samples.append(s)
@@ -54,6 +63,11 @@ class RunStats:
         else:
             self.temperature = float("nan")
 
+    def add_call(self, wall_s: float, decode_wall_s: float) -> None:
+        """One generate call's wall time and the method's decoding time within it."""
+        self.call_wall_s += wall_s
+        self.decode_wall_s += decode_wall_s
+
     @property
     def nfe_mean(self) -> float:
         """Running NFE per sample, kept as a counter so a progress bar can show it on every request cheaply."""
@@ -64,7 +78,7 @@ class RunStats:
         nfe = sum(s.nfe for s in self.samples)
         gen = sum(s.gen_tokens for s in self.samples)
         com = sum(s.committed for s in self.samples)
-        wall = sum(s.wall_s for s in self.samples)
+        latency = [s.latency_s for s in self.samples]
         rounds = sum(s.rounds for s in self.samples)
         fwd, dft, rest = (sum(getattr(s, k) for s in self.samples) for k in ("forward_s", "draft_s", "rest_s"))
         spent = fwd + dft + rest
@@ -87,8 +101,11 @@ class RunStats:
             "mean_accepted_per_round": (
                 mean(s.accepted_per_round for s in self.samples) if n else 0.0
             ),
-            "wall_s": wall,
-            "gen_tokens_per_s": gen / wall if wall > 0 else 0.0,
+            "wall_s": self.call_wall_s,
+            "decode_wall_s": self.decode_wall_s,
+            "gen_tokens_per_s": gen / self.decode_wall_s if self.decode_wall_s > 0 else 0.0,
+            "request_latency_s_mean": mean(latency) if n else 0.0,
+            "request_latency_s_median": median(latency) if n else 0.0,
             "stop_reasons": {r: sum(s.stop_reason == r for s in self.samples) for r in ("eos", "until", "length")},
             "host_bytes_per_round": sum(s.host_bytes for s in self.samples) / rounds if rounds else 0.0,
             "lookahead": _lookahead(self.samples),
@@ -117,10 +134,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("tokens / forward", f"{summary['tokens_per_forward']:.3f}"),
         ("accepted / round", f"{summary['mean_accepted_per_round']:.3f}"),
         ("generated tokens / s", f"{summary['gen_tokens_per_s']:.1f}"),
-        ("wall s", f"{summary['wall_s']:.1f}"),
+        ("batch size", summary.get("batch_size", 1)),
+        ("wall s (generate calls)", f"{summary['wall_s']:.1f}"),
+        ("request latency s (median)", f"{summary.get('request_latency_s_median', 0.0):.2f}"),
         ("prefix cache", summary.get("prefix_cache", "exact")),
         ("bytes to host / round", f"{summary.get('host_bytes_per_round', 0.0):,.0f}"),
     ]
+    if "control_nfe_per_sample" in summary:  # paired: the wall above includes the draft-free decodes
+        rows.append(("decoding s (this mode alone)", f"{summary.get('decode_wall_s', 0.0):.1f}"))
     la = summary.get("lookahead") or {}
     if la.get("rows"):
         rows.append(("lookahead rows: exact / blocks served",
@@ -149,7 +170,11 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 @dataclass
 class PairedStats:
-    """Control decoded on the same request in the same process: exactness and paired ratios."""
+    """Control decoded on the same request in the same process: exactness and paired ratios.
+
+    The throughput ratio is per request (its tokens over its latency, method against control), then the median.
+    At batch size > 1 both members of a pair run under the same batch conditions: control decodes the same chunk
+    of requests together, in the same batch, right before or after the method (the order alternates per chunk)."""
 
     nfe: list[tuple[int, int]] = field(default_factory=list)  # (method, control) per sample
     rate: list[tuple[float, float]] = field(default_factory=list)  # generated tokens / s, (method, control)
