@@ -2,12 +2,13 @@
 
 It installs one tiny `sys.meta_path` finder and imports nothing else (no torch, no lm_eval): only when a program
 itself imports `lm_eval.api.registry` or `lm_eval.tasks.manager` does it register `spot-dlm` and the plugin's
-task folder (see `lm_eval_spot.registration`). Standard-library `sys` only, to keep interpreter start-up cheap.
+task folder, and when the `lm_eval` console script imports `lm_eval.__main__` it wraps the entry point so that
+the plugin's own input errors end the run with one line (see `lm_eval_spot.registration`). Standard-library `sys` only, to keep interpreter start-up cheap.
 """
 
 import sys
 
-_TARGETS = ("lm_eval.api.registry", "lm_eval.tasks.manager")
+_TARGETS = ("lm_eval.api.registry", "lm_eval.tasks.manager", "lm_eval.__main__")
 
 
 class _AfterExec:

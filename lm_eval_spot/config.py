@@ -17,8 +17,30 @@ IMPLS = ("native", "remote")
 CACHES = ("none", "approx")
 
 
-class SpotArgError(ValueError):
+class SpotUserError(ValueError):
+    """Bad input from the user (an argument, a request): the CLI prints the message as one line and exits 2."""
+
+
+class SpotArgError(SpotUserError):
     """A bad model argument: the message names the argument and the accepted values."""
+
+
+# Arguments lm-eval passes on its own (from --device, --batch_size, --max_batch_size) next to --model_args.
+HARNESS_ARGS = ("device", "batch_size", "max_batch_size")
+
+
+def merge_harness_args(model_args: dict[str, Any], harness: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Model args written by the user win over lm-eval's own values for the same argument (its `--device`
+    defaults to cuda:0 even when the user never typed it). Returns the merged args and one note per conflict."""
+    out, notes = dict(model_args), []
+    for key, value in harness.items():
+        if value is None:
+            continue
+        if key not in out:
+            out[key] = value
+        elif str(out[key]) != str(value):
+            notes.append(f"{key}={out[key]!r} from --model_args wins over lm-eval's {key}={value!r}")
+    return out, notes
 
 
 def default_target_path() -> Path:

@@ -18,8 +18,8 @@ from lm_eval_spot.adapters.base import positions_needed
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
-from lm_eval_spot.config import (LEARNED_MODES, SpotArgs, default_drafter_path, default_graph_path,
-                                    default_target_path, parse_args)
+from lm_eval_spot.config import (LEARNED_MODES, SpotArgs, SpotUserError, default_drafter_path, default_graph_path,
+                                    default_target_path, merge_harness_args, parse_args)
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
@@ -32,6 +32,7 @@ from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summ
 from lm_eval_spot.request_cache import RequestCache, fingerprint, folder_identity
 from lm_eval_spot.stopping import cut_text, make_stop_check
 from lm_eval_spot.threads import choose_threads, decoding_threads, default_thread_counts
+from lm_eval_spot.tokens import TextDecoder
 
 # A child of lm-eval's logger: its CLI shows these messages (run summary, load facts) with its own.
 log = logging.getLogger("lm_eval.spot")
@@ -39,15 +40,16 @@ log = logging.getLogger("lm_eval.spot")
 DEFAULT_MAX_GEN_TOKS = 256
 
 
-def _sample_entry(context: str, r: DecodeResult) -> dict[str, Any]:
+def _sample_entry(context: str, r: DecodeResult, unknown: int) -> dict[str, Any]:
     """One request's statistics, keyed as lm-eval keys its samples file (`prompt_hash` = hash of the context)."""
     from lm_eval.utils import hash_string
 
     return {"prompt_hash": hash_string(context), "nfe": r.nfe.total, "gen_tokens": len(r.token_ids),
-            "rounds": r.rounds, "latency_s": round(r.wall_s, 6), "stop_reason": r.stop_reason}
+            "rounds": r.rounds, "latency_s": round(r.wall_s, 6), "stop_reason": r.stop_reason,
+            "unknown_ids": unknown}
 
 
-class RequestError(ValueError):
+class RequestError(SpotUserError):
     """A request the target cannot decode as asked (e.g. longer than its context); raised before any decoding."""
 
 
@@ -79,6 +81,7 @@ class SpotDLM(LM):
         loaded = load_target(self.args)
         self.adapter = loaded.adapter
         self.tokenizer = loaded.tokenizer
+        self.text = TextDecoder.for_target(self.tokenizer, self.adapter.info.vocab_size)
         self._device = torch.device(self.adapter.device)  # lm-eval builds its rank-count tensors on it
         model = getattr(self.adapter, "model", None)
         n_params = sum(p.numel() for p in model.parameters()) if model is not None else None
@@ -115,6 +118,20 @@ class SpotDLM(LM):
             log.info("batch_invariant=true: requests are decoded one at a time (batch_size=%s ignored)",
                      self.args.batch_size)
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None) -> SpotDLM:
+        """lm-eval's CLI path: `--model_args` plus its own device / batch size, without a duplicate-keyword clash."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> SpotDLM:
+        merged, notes = merge_harness_args(dict(arg_dict), dict(additional_config or {}))
+        for note in notes:
+            log.info("spot-dlm: %s", note)
+        return cls(**merged)
+
     # ---- lm-eval verbs ----------------------------------------------------------------------------------
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         raise NotImplementedError(
@@ -148,7 +165,7 @@ class SpotDLM(LM):
                 for k, (job, (text, result)) in enumerate(zip(chunk, done, strict=True)):
                     out[start + k] = text
                     self._record(result, job.cfg.temperature)
-                    self.sample_log.append(_sample_entry(job.context, result))
+                    self.sample_log.append(_sample_entry(job.context, result, self.text.count_unknown(result.token_ids)))
                     self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
                     bar.update(1)
                 bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
@@ -283,7 +300,7 @@ class SpotDLM(LM):
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def decode_ids(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.text(ids)
 
     def _decode_jobs(
         self, chunk: list[_Job], proposers: list[Proposer | None], observers: list[CommitLog] | None = None
@@ -311,7 +328,8 @@ class SpotDLM(LM):
         self.stats.add(
             SampleStats(r.nfe.total, len(r.token_ids), r.committed, r.rounds, acc, r.wall_s, r.stop_reason,
                         r.host_bytes, r.timing.forward, r.timing.draft, r.timing.rest, r.lookahead.rows,
-                        r.lookahead.exact, r.lookahead.used, r.lookahead.later_blocks),
+                        r.lookahead.exact, r.lookahead.used, r.lookahead.later_blocks,
+                        self.text.count_unknown(r.token_ids)),
             temperature,
         )
 
@@ -371,13 +389,26 @@ class SpotDLM(LM):
             "spot_args": {k: v for k, v in vars(self.args).items()},
         }
 
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The template --apply_chat_template uses, as lm-eval's HF model gives it (the results record its hash)."""
+        if chat_template is False or chat_template is None:
+            return None
+        template = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(template, dict):  # named templates: the one asked for by name, else "default"
+            name = chat_template if isinstance(chat_template, str) else "default"
+            if name not in template:
+                raise ValueError(f"spot-dlm: the tokenizer has no chat template named {name!r}; it has "
+                                 f"{', '.join(sorted(template))}")
+            return template[name]
+        return template or ""
+
     @property
     def tokenizer_name(self) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]", "__", str(self.tokenizer.name_or_path))
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(
+            raise SpotUserError(
                 f"spot-dlm: --apply_chat_template needs a tokenizer with a chat template; "
                 f"{self.tokenizer.name_or_path!r} has none (pass tokenizer=<folder with a chat template>)"
             )

@@ -36,6 +36,7 @@ class SampleStats:
     lookahead_exact: int = 0
     lookahead_used: int = 0
     later_blocks: int = 0
+    unknown_ids: int = 0  # generated ids the tokenizer has no token for (decoded as nothing; lm_eval_spot.tokens)
 
 
 @dataclass
@@ -109,6 +110,7 @@ class RunStats:
             "stop_reasons": {r: sum(s.stop_reason == r for s in self.samples) for r in ("eos", "until", "length")},
             "host_bytes_per_round": sum(s.host_bytes for s in self.samples) / rounds if rounds else 0.0,
             "lookahead": _lookahead(self.samples),
+            "unknown_token_ids": sum(s.unknown_ids for s in self.samples),
             # Shares of the rounds' time (per request; batched requests share their forwards' time).
             "round_time_shares": {"forward": fwd / spent, "drafting": dft / spent, "rest": rest / spent}
             if spent > 0 else {},
@@ -158,6 +160,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     ):
         if key in summary:
             rows.append((label, f"{summary[key]:.3f}" if isinstance(summary[key], float) else summary[key]))
+    if summary.get("unknown_token_ids"):
+        rows.append(("generated ids the tokenizer does not know (decoded as nothing)", summary["unknown_token_ids"]))
     if summary.get("served_from_cache") is not None:
         rows.append(("served from --use_cache (no NFE)", summary["served_from_cache"]))
     if summary.get("prefix_cache") == "approximate":

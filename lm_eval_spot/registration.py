@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -53,8 +55,38 @@ def patch_task_manager(manager_module: ModuleType) -> None:
     cls.__init__ = __init__
 
 
+# Set (to anything but 0 or empty) to keep the full traceback of the plugin's input errors.
+DEBUG_ENV = "SPOT_DEBUG"
+USER_ERROR_EXIT = 2  # argparse's status for bad command-line input
+
+
+def wrap_cli(main_module: ModuleType) -> None:
+    """The `lm_eval` console script: a bad model argument or request (SpotUserError) ends the run with its
+    one-line message on stderr and exit status 2 instead of a traceback through lm-eval's internals."""
+    original = getattr(main_module, "cli_evaluate", None)
+    if original is None or getattr(original, "_spot_wrapped", False):
+        return
+
+    def cli_evaluate(*args, **kwargs):
+        from lm_eval_spot.config import SpotUserError
+
+        try:
+            return original(*args, **kwargs)
+        except SpotUserError as err:
+            if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+                raise
+            sys.stderr.write(f"error: {err} (set {DEBUG_ENV}=1 for the traceback)\n")
+            return USER_ERROR_EXIT
+
+    cli_evaluate._spot_wrapped = True  # type: ignore[attr-defined]
+    cli_evaluate.__doc__ = original.__doc__
+    main_module.cli_evaluate = cli_evaluate
+
+
 def on_import(name: str, module: ModuleType) -> None:
     if name == "lm_eval.api.registry":
         register_model()
     elif name == "lm_eval.tasks.manager":
         patch_task_manager(module)
+    elif name == "lm_eval.__main__":
+        wrap_cli(module)

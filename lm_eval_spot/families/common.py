@@ -58,7 +58,24 @@ def torch_dtype(args: SpotArgs) -> torch.dtype | str:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
 
 
-def load_tokenizer(args: SpotArgs) -> Any:
+def declared_tokenizer_class(source: str) -> str | None:
+    """The `tokenizer_class` a local tokenizer folder's tokenizer_config.json names (None: not said / not local)."""
+    path = Path(source).expanduser() / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text()).get("tokenizer_class")
+    except (ValueError, OSError):
+        return None
+    return str(value) if value else None
+
+
+def load_tokenizer(args: SpotArgs, stand_ins: dict[str, str] | None = None) -> Any:
+    """The checkpoint's tokenizer as the hub declares it. `stand_ins` maps a tokenizer class that exists only as
+    the checkpoint's remote code to the transformers class that reads the same files (Dream's DreamTokenizer is a
+    Qwen2 byte-level BPE over its vocab.json / merges.txt): used when trust_remote_code is off, so the card's
+    default command needs no remote code; with trust_remote_code=true the checkpoint's own class loads."""
+    import transformers
     from transformers import AutoTokenizer
 
     source = args.tokenizer or args.pretrained
@@ -68,10 +85,23 @@ def load_tokenizer(args: SpotArgs) -> Any:
             f"spot-dlm: no tokenizer could be loaded from {source!r} (none of {', '.join(TOKENIZER_FILES)} is there); "
             "accepted: a folder with tokenizer files, or tokenizer=<such a folder>"
         )
+    declared = declared_tokenizer_class(source)
+    stand_in = (stand_ins or {}).get(declared or "")
     try:
+        if stand_in is not None and not args.trust_remote_code:
+            log.info("spot-dlm: the checkpoint's tokenizer class %s is remote code; reading its files with "
+                     "transformers' %s instead (the same tokenizer; trust_remote_code=true loads the checkpoint's "
+                     "own class)", declared, stand_in)
+            return getattr(transformers, stand_in).from_pretrained(source)
         # An explicit False: a checkpoint with custom code must not make transformers ask on stdin.
         return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError, TypeError, ImportError) as err:
+        if not args.trust_remote_code and "trust_remote_code" in str(err):
+            raise SpotArgError(
+                f"spot-dlm: the tokenizer of {source!r} ({declared or 'its tokenizer_config.json'}) is remote code "
+                "shipped with the checkpoint; pass trust_remote_code=true to run it, or tokenizer=<a folder with a "
+                "tokenizer transformers loads natively>"
+            ) from None
         raise SpotArgError(
             f"spot-dlm: no tokenizer could be loaded from {source!r} ({type(err).__name__}); accepted: a folder with "
             "tokenizer files (tokenizer.json / tokenizer_config.json), or tokenizer=<such a folder>"
@@ -116,13 +146,25 @@ def resolve_mask_id(args: SpotArgs, cfg: dict[str, Any], tokenizer: Any) -> int:
 
 
 def resolve_stop_ids(args: SpotArgs, cfg: dict[str, Any], tokenizer: Any, gen_cfg: Any) -> frozenset[int]:
-    """stop_ids= (or a card's) wins; else eos / end-of-turn ids as the checkpoint declares them."""
+    """stop_ids= (or a card's) wins; else every id the checkpoint declares as ending a generation: the tokenizer's
+    and config's eos, generation_config's eos list, and the token its chat template closes a reply with (LLaDA and
+    Dream declare only their eos, while a chat turn ends with <|eot_id|> / <|im_end|>). The log names each."""
+    from lm_eval_spot.tokens import end_of_turn_ids
+
     if args.stop_ids is not None:
+        log.info("spot-dlm: stop ids %s from %s", sorted(args.stop_ids),
+                 f"card {args.card}" if args.card else "stop_ids=")
         return frozenset(args.stop_ids)
-    ids = _ids(tokenizer.eos_token_id) | _ids(cfg.get("eos_token_id"))
-    if gen_cfg is not None:
-        ids |= _ids(getattr(gen_cfg, "eos_token_id", None))
-    return frozenset(ids)
+    sources: dict[int, list[str]] = {}
+    for where, ids in (("tokenizer eos", _ids(tokenizer.eos_token_id)), ("config eos", _ids(cfg.get("eos_token_id"))),
+                       ("generation_config eos", _ids(getattr(gen_cfg, "eos_token_id", None)) if gen_cfg else set()),
+                       ("chat template end of turn", set(end_of_turn_ids(tokenizer)))):
+        for i in ids:
+            sources.setdefault(int(i), []).append(where)
+    names = tokenizer.convert_ids_to_tokens(sorted(sources)) if sources else []
+    log.info("spot-dlm: stop ids: %s", "; ".join(f"{i} {n!r} ({', '.join(sources[i])})"
+                                                  for i, n in zip(sorted(sources), names, strict=True)) or "none")
+    return frozenset(sources)
 
 
 def resolve_block_len(args: SpotArgs, cfg: dict[str, Any], default: int | None) -> int:

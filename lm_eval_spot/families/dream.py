@@ -27,8 +27,11 @@ SAME = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "
         "attention_dropout", "tie_word_embeddings", "initializer_range", "bos_token_id", "eos_token_id",
         "pad_token_id")
 REQUIRED = {"use_sliding_window": False}
+# The hub's tokenizer class is remote code (tokenization_dream.py): a Qwen2 byte-level BPE over the same files.
+TOKENIZER_STAND_INS = {"DreamTokenizer": "Qwen2TokenizerFast"}
 IGNORED = ("architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
-           "mask_token_id", "use_cache", "sliding_window", "max_window_layers")
+           "mask_token_id", "use_cache", "sliding_window", "max_window_layers",
+           "use_mrope")  # in the hub config, read nowhere in Dream's official modeling code
 
 
 def matches(cfg: dict[str, Any]) -> bool:
@@ -60,7 +63,7 @@ def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
         raise SpotArgError("spot-dlm: cache=approx needs impl=native (the project's prefix attention)")
     if impl == "remote":
         common.require_remote(args, NAME)
-    tokenizer = common.load_tokenizer(args)
+    tokenizer = common.load_tokenizer(args, TOKENIZER_STAND_INS)
     device = common.resolve_device(args.device)
     if impl == "native":
         model = common.load_native_weights(Qwen2ForCausalLM, args, qwen2_config(cfg),
