@@ -27,6 +27,15 @@ class _AfterExec:
 
         registration.on_import(self._name, module)
 
+    def get_code(self, fullname):
+        # `python -m lm_eval` (accelerate launch, torchrun) runs lm_eval/__main__.py through runpy, which reads the
+        # code and runs it without exec_module: the one-line error handling is installed here instead.
+        if fullname == "lm_eval.__main__":
+            from lm_eval_spot import registration
+
+            registration.install_excepthook()
+        return self._loader.get_code(fullname)
+
     def __getattr__(self, item):  # get_source, get_resource_reader, ...: the real loader's
         return getattr(self._loader, item)
 

@@ -73,7 +73,7 @@ def wrap_cli(main_module: ModuleType) -> None:
         try:
             return original(*args, **kwargs)
         except SpotUserError as err:
-            if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            if _debug():
                 raise
             sys.stderr.write(f"error: {err} (set {DEBUG_ENV}=1 for the traceback)\n")
             return USER_ERROR_EXIT
@@ -81,6 +81,31 @@ def wrap_cli(main_module: ModuleType) -> None:
     cli_evaluate._spot_wrapped = True  # type: ignore[attr-defined]
     cli_evaluate.__doc__ = original.__doc__
     main_module.cli_evaluate = cli_evaluate
+
+
+def _debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def install_excepthook() -> None:
+    """`python -m lm_eval`: a SpotUserError that ends the program prints its one line and exits 2 (the process is
+    ending anyway; any other exception goes to the previous hook unchanged)."""
+    previous = sys.excepthook
+    if getattr(previous, "_spot_hook", False):
+        return
+
+    def hook(kind, value, tb):
+        from lm_eval_spot.config import SpotUserError
+
+        if isinstance(value, SpotUserError) and not _debug():
+            sys.stderr.write(f"error: {value} (set {DEBUG_ENV}=1 for the traceback)\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(USER_ERROR_EXIT)  # an excepthook cannot choose the exit status otherwise
+        previous(kind, value, tb)
+
+    hook._spot_hook = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def on_import(name: str, module: ModuleType) -> None:

@@ -17,12 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from lm_eval_spot.config import SpotUserError
 from lm_eval_spot.drafter.encoder import encode
 from lm_eval_spot.decoding.stale import Stale
 from lm_eval_spot.drafter.features import FEATURE_VERSION, MASKED, MAX_DEPTH, TOP_K, node_status, prob_features
 
 
-class DrafterMismatchError(ValueError):
+class DrafterMismatchError(SpotUserError):
     """A drafter checkpoint that does not fit the target or this code (block length, feature version)."""
 
 
