@@ -50,7 +50,7 @@ def test_model_args_win_over_harness_args_with_a_note():
     assert merge_harness_args({"device": "cpu"}, {"device": "cpu"}) == ({"device": "cpu"}, [])
 
 
-@pytest.mark.parametrize("flags", [[], ["--device", "cpu", "--batch_size", "2"]])
+@pytest.mark.parametrize("flags", [[], pytest.param(["--device", "cpu", "--batch_size", "2"], marks=pytest.mark.slow)])
 def test_device_and_batch_size_in_model_args_through_the_cli(tiny_target_dir, tmp_path, flags):
     out = cli(["--model", "spot-dlm", "--model_args", f"pretrained={tiny_target_dir},mode=control,device=cpu,"
                "batch_size=2", "--tasks", "spot_arith_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=8", *flags],
@@ -68,6 +68,10 @@ def test_bad_model_arg_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in out.stderr
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "budget='banana' is not an integer; accepted: integers >= 1" in errors[0]
+
+
+@pytest.mark.slow
+def test_spot_debug_keeps_the_traceback(tmp_path):
     debug = cli(["--model", "spot-dlm", "--model_args", "budget=banana", "--tasks", "spot_arith"], tmp_path,
                 SPOT_DEBUG="1")
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "SpotArgError" in debug.stderr
@@ -119,6 +123,7 @@ def test_an_id_beyond_the_tokenizer_decodes_and_is_counted(real):
     assert beyond in dec.unknown and dec([9707, beyond]) == slow.decode([9707])
 
 
+@pytest.mark.slow
 @needs_real
 def test_gsm8k_with_the_chat_template_through_the_cli(real, tmp_path):
     if not (DATA / "openai" / "gsm8k").exists() and not (DATA / "gsm8k").exists():

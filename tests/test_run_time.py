@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # The real `lm_eval` entry point with an independent stopwatch around the model's generate calls: the duration of
 # the generate phase, measured outside the plugin's own accounting.
 RUNNER = '''
@@ -45,6 +47,7 @@ def _run(tmp: Path, target: Path, bs: int) -> tuple[dict, float, Path]:
     return spot, measured, out
 
 
+@pytest.mark.slow
 def test_summary_time_is_the_generate_phase_at_batch_1_and_8(tiny_target_dir, tmp_path):
     from lm_eval_spot.compare import load_runs, table_rows
 
