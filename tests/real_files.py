@@ -136,6 +136,12 @@ def build(name: str, folder: Path, layers: int = 1, seed: int = 0, head_std: flo
             t = (head_std if k in heads else 0.02) * torch.randn(shape, generator=gen)
         tensors[k] = t.to(torch.bfloat16)
     names = sorted(tensors)
+    if hub_names(name, layers) is None:  # published as one model.safetensors, no index
+        save_file({k: tensors[k].contiguous() for k in names}, str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+        if FAMILY[name] == "llada":
+            _llada_stand_in_tokenizer(folder)
+        return folder
     shards = [names[: len(names) // 2], names[len(names) // 2:]]
     weight_map = {}
     for j, part in enumerate(shards, 1):

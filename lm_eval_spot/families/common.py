@@ -248,6 +248,8 @@ def map_fields(family: str, cfg: dict[str, Any], renamed: dict[str, str], requir
                 f"spot-dlm: impl=native supports {family} checkpoints with {key}={want!r}, this one has {got!r}; "
                 "use impl=remote (trust_remote_code=true)"
             )
+    log.debug("%s: config fields the native forward never reads, ignored: %s", family,
+              ", ".join(sorted(k for k in cfg if k in ignored)))
     return {dst: cfg[src] for src, dst in renamed.items() if src in cfg}
 
 

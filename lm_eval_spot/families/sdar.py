@@ -59,6 +59,8 @@ def qwen3_config(cfg: dict[str, Any]) -> Any:
             f"spot-dlm: impl=native cannot map SDAR config field(s) {', '.join(unknown)} onto Qwen3; "
             "use impl=remote (trust_remote_code=true), or extend the map in lm_eval_spot/families/sdar.py"
         )
+    skipped = sorted(k for k in cfg if k in set(NOT_IN_FORWARD) | set(METADATA) | set(DECODER_FIELDS))
+    common.log.debug("sdar: config fields not passed to the forward: %s", ", ".join(skipped))
     out = Qwen3Config(**{k: cfg[k] for k in SAME_NAME if k in cfg}, use_sliding_window=False)
     out.architectures = ["Qwen3ForCausalLM"]
     return out

@@ -1,0 +1,107 @@
+"""Issue 25: every card's default command on a checkpoint built from the REAL hub files (tests/real_files.py: the
+published config with one layer and narrow widths, the hub's weight names, sharding and tokenizer files), through
+the real CLI on the stock gsm8k task with --apply_chat_template: control at the card's own block length, SPOT at
+T=0 and T=1 (SDAR at its -b32 variant: the shipped drafter is block 32, issue 28) with the draft-free decode of
+every request in the same process (control=paired) to compare with, and the self-check. Runs are cut to two
+problems, zero-shot, 64 generated tokens. Slow: about 20 CLI runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from real_files import FAMILY, REAL, build, hub_names, reduced_config
+from test_cli_e2e import LM_EVAL
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+CARDS = {"sdar-1.7b-chat": "sdar-1.7b-chat", "sdar-4b-chat": "sdar-4b-chat", "sdar-8b-chat": "sdar-8b-chat",
+         "llada-8b-instruct": "llada-8b-instruct", "dream-v0-instruct-7b": "dream-v0-instruct-7b"}
+ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+       "OMP_NUM_THREADS": "1"}
+pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason="../shared/real_checkpoints is absent (it is in CI)")
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    return {name: build(name, root / name, layers=1) for name in CARDS}
+
+
+@pytest.mark.parametrize("name", list(CARDS))
+def test_weight_names_and_shards_are_the_hubs(ckpts, name):
+    folder = ckpts[name]
+    hub = hub_names(name, 1)
+    if hub is None:  # SDAR-1.7B-Chat ships one model.safetensors
+        assert (folder / "model.safetensors").is_file()
+        return
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(index) == hub and len(set(index.values())) > 1
+    cfg = json.loads((folder / "config.json").read_text())
+    real = json.loads((REAL / name / "config.json").read_text())
+    assert set(cfg) == set(real)  # every published field is there (only sizes changed)
+    assert cfg == reduced_config(name, 1)
+
+
+def _cli(args: list[str], out: Path) -> dict:
+    proc = subprocess.run([LM_EVAL, "--model", "spot-dlm", *args, "--tasks", "gsm8k", "--limit", "2",
+                           "--num_fewshot", "0", "--apply_chat_template", "--device", "cpu", "--log_samples",
+                           "--output_path", str(out)], capture_output=True, text=True, cwd=DATA, env=ENV, timeout=1200)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    data = json.loads(next(out.rglob("results_*.json")).read_text())
+    data["_samples"] = [json.loads(x) for x in next(out.rglob("samples_gsm8k_*.jsonl")).read_text().splitlines()]
+    data["_log"] = log
+    return data
+
+
+def _tokenizer(folder: Path, name: str):
+    from transformers import AutoTokenizer, Qwen2TokenizerFast
+
+    # Dream's hub tokenizer class is remote code (not staged); it reads the same files as transformers' Qwen2 one.
+    return Qwen2TokenizerFast.from_pretrained(folder) if FAMILY[name] == "dream" else AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CARDS))
+def test_card_default_command_runs_gsm8k_in_control_and_spot(ckpts, name, tmp_path):
+    if not (DATA / "openai" / "gsm8k").exists():
+        pytest.skip("../shared/data has no gsm8k")
+    folder, card = ckpts[name], CARDS[name]
+    gen = "max_gen_toks=64"
+    control = _cli(["--model_args", f"card={card},pretrained={folder},mode=control", "--gen_kwargs", gen],
+                   tmp_path / "control")
+    spot_card = card + "-b32" if FAMILY[name] == "sdar" else card
+    tok = _tokenizer(folder, name)
+    for run in [control]:
+        for s in run["_samples"]:  # the prompt is the template's own rendering of the question
+            user = f"Question: {s['doc']['question']}\nAnswer:"
+            assert s["arguments"]["gen_args_0"]["arg_0"] == tok.apply_chat_template(
+                [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+    assert control["chat_template_sha"] is not None
+    stops = set(control["config"]["spot_target"]["stop_ids"])
+    end_of_turn = {"sdar": 151645, "dream": 151645, "llada": 126348}[FAMILY[name]]
+    assert end_of_turn in stops and tok.convert_tokens_to_ids(tok.eos_token) in stops
+    for T, extra in ((0, gen), (1, gen + ",temperature=1.0,do_sample=true")):
+        spot = _cli(["--model_args", f"card={spot_card},pretrained={folder},control=paired", "--gen_kwargs", extra],
+                    tmp_path / f"spot_T{T}")
+        s = spot["config"]["spot"]
+        assert s["mode"] == "spot" and s["temperature"] == T and s["samples"] == 2
+        assert s["exact_match_to_control"] == 1.0, s
+        assert s["nfe_per_sample"] < s["control_nfe_per_sample"]
+        if T == 0 and spot_card == card:  # the same command in control, in another process, wrote the same text
+            assert [x["resps"] for x in spot["_samples"]] == [x["resps"] for x in control["_samples"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CARDS))
+def test_self_check_passes_with_the_card(ckpts, name, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_spot.check", "--model_args",
+                           f"card={CARDS[name]},pretrained={ckpts[name]}", "--device", "cpu", "--max-gen-toks", "16",
+                           "--out", str(tmp_path / "c.json")], capture_output=True, text=True, env=ENV, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert json.loads((tmp_path / "c.json").read_text())["passed"] is True
