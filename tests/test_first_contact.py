@@ -173,3 +173,35 @@ def test_near_tie_flips_are_told_apart_from_real_ones():
     out = torch.tensor([[[4.98, 5.0, 0.0], [1.0, 5.0, 0.0]]])  # both positions flip: by 0.01 and by 4.0
     assert [round(m, 4) for m in _flip_margins(out, ref)] == [0.01, 4.0]
     assert _flip_margins(ref, ref) == []
+
+
+@pytest.mark.slow
+@needs_real
+def test_self_check_with_impl_remote_on_dream_compares_both(real, tmp_path):
+    """The README's Dream self-check command (impl=remote): it used to stop building the native side on the hub
+    config's use_mrope. The official code is copied next to the weights as a hub download has it (test-only);
+    tokenization_dream.py is not staged, so the tokenizer comes from a copy whose config names transformers'
+    Qwen2 class (the same files)."""
+    import shutil
+
+    from remote_fixtures import SHARED, transformers_major
+
+    if not SHARED.is_dir() or transformers_major() >= 5:
+        pytest.skip("the official remote code runs only under transformers 4.x (and ../shared must be present)")
+    folder = tmp_path / "dream"
+    shutil.copytree(real["dream-v0-instruct-7b"], folder)
+    for f in (SHARED / "dream").glob("*.py"):
+        shutil.copy(f, folder / f.name)
+    tok = tmp_path / "tok"
+    shutil.copytree(real["dream-v0-instruct-7b"], tok, ignore=shutil.ignore_patterns("*.safetensors*"))
+    tc = json.loads((tok / "tokenizer_config.json").read_text())
+    tc.pop("auto_map")
+    tc["tokenizer_class"] = "Qwen2Tokenizer"
+    (tok / "tokenizer_config.json").write_text(json.dumps(tc))
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_spot.check", "--model_args",
+                           f"card=dream-v0-instruct-7b,pretrained={folder},tokenizer={tok},impl=remote,"
+                           "trust_remote_code=true", "--device", "cpu", "--max-gen-toks", "8",
+                           "--out", str(tmp_path / "c.json")], capture_output=True, text=True, env=ENV, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rows = {r["name"]: r for r in json.loads((tmp_path / "c.json").read_text())["rows"]}
+    assert rows["native vs remote"]["status"] == "pass", rows["native vs remote"]

@@ -83,7 +83,7 @@ def official_control(loaded: common.LoadedTarget, prompts: list[list[int]]) -> t
     steps = generation length, our block = the whole canvas). Two arguments make its schedule one commit per
     step (eps=-1e-6: the default rounds every step's count to 0 but the last; top_k=None: its config otherwise
     inherits transformers' top_k=50), and the mask token's logit is set to -inf during the call, as the decoder
-    never commits it. Needs impl=remote (diffusion_generate ships with the remote code)."""
+    never commits it; its sampler gets the logits in float32 (in bf16 its confidences tie). Needs impl=remote (diffusion_generate ships with the remote code)."""
     from dataclasses import replace
 
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
@@ -95,7 +95,14 @@ def official_control(loaded: common.LoadedTarget, prompts: list[list[int]]) -> t
         return "defined for the exact mode only (cache=none)"
     n, mask = 2 * ad.info.block_len, ad.info.mask_id
     one_block = BidirectionalAdapter(ad.model, replace(ad.info, block_len=n), ad.protocol)
-    hook = ad.model.register_forward_hook(lambda m, a, out: out.logits.__setitem__((Ellipsis, mask), float("-inf")))
+    def to_sampler(module: Any, inputs: Any, out: Any) -> Any:
+        # The official sampler gets the logits in float32, as our decoder reads them: in bf16 its softmax
+        # confidences tie often (8 bits of mantissa) and its topk then breaks ties by position, not by the rule.
+        out.logits = out.logits.float()
+        out.logits[..., mask] = float("-inf")
+        return out
+
+    hook = ad.model.register_forward_hook(to_sampler)
     same = 0
     try:
         for prompt in prompts:
