@@ -104,9 +104,10 @@ def test_an_id_beyond_the_tokenizer_decodes_and_is_counted(real):
 
     path = real["dream-v0-instruct-7b"]
     beyond = 152000  # the head has 152,064 rows, the tokenizer 151,667 tokens
-    slow = Qwen2Tokenizer.from_pretrained(path)
-    with pytest.raises(TypeError):  # what crashed a 602 s run: the slow tokenizer joins a None
-        slow.decode([9707, beyond])
+    slow = Qwen2Tokenizer.from_pretrained(path)  # a slow (Python) tokenizer under transformers 4.x
+    if not slow.is_fast:
+        with pytest.raises(TypeError):  # what crashed a 602 s run: the slow tokenizer joins a None
+            slow.decode([9707, beyond])
     for mode in ("control", "spot"):
         lm = SpotDLM(pretrained=str(path), mode=mode, seed=0)
         handle = _force(lm, beyond)
