@@ -189,8 +189,10 @@ def _proposer(args: SpotArgs, loaded: LoadedTarget) -> tuple[Any, str]:
 
     budget = args.budget if isinstance(args.budget, int) else 8
     try:
-        prop = build_proposer(replace(args, mode="spot", budget=budget), loaded.adapter)
-        return prop, f"drafter {args.drafter or 'shipped'}, budget {budget}"
+        choice = build_proposer(replace(args, mode="spot", budget=budget), loaded.adapter)
+        if choice.drafter is None:  # the run would fall back to conf-tree: check the learned path regardless
+            raise ValueError(choice.note)
+        return choice.proposer, f"drafter {choice.drafter.name}, budget {budget}"
     except (SpotArgError, ValueError) as err:
         torch.manual_seed(0)  # exactness holds for any drafter: a random-weight one stands in
         model = FactoredOrderModel(FactoredConfig()).to(loaded.adapter.device)

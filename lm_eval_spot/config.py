@@ -53,12 +53,27 @@ def default_drafter_path() -> Path:
     return Path(__file__).parent / "assets" / "spot-arith-drafter"
 
 
-# Drafters shipped for the embedded target, by name (drafter=NAME): the paper-size one is the default.
-SHIPPED_DRAFTERS = {"paper": "spot-arith-drafter", "small": "spot-arith-drafter-small"}
+# Drafters shipped inside the package, by name (drafter=NAME): "paper" (the embedded target's own, its default),
+# "small" (a smaller one for it), "transfer" (trained across several tiny targets and block lengths: the default
+# for every other target).
+SHIPPED_DRAFTERS = {"paper": "spot-arith-drafter", "small": "spot-arith-drafter-small",
+                    "transfer": "spot-transfer-drafter"}
 
 
 def shipped_drafter_path(name: str) -> Path:
     return Path(__file__).parent / "assets" / SHIPPED_DRAFTERS[name]
+
+
+def is_embedded_target(pretrained: str) -> bool:
+    return Path(pretrained).expanduser().resolve() == default_target_path().resolve()
+
+
+def drafter_for(args: SpotArgs) -> Path:
+    """The drafter a drafting run uses: the one named, else the embedded target's own for the embedded target and
+    the shipped transfer drafter for every other target."""
+    if args.drafter:
+        return Path(args.drafter).expanduser()
+    return default_drafter_path() if is_embedded_target(args.pretrained) else shipped_drafter_path("transfer")
 
 
 def default_graph_path() -> Path:
@@ -138,6 +153,9 @@ class SpotArgs:
     # in the same forward, so the next block's first round drafts too. Never changes the output; off under
     # batch_invariant (the extra row would change the forward's shape).
     lookahead: bool = True
+    # Folder that collects drafter training data from this run's own decoding (any mode, no extra forward):
+    # python -m lm_eval_spot.drafter.train train --data FOLDER --out D fits a drafter for this target from it.
+    drafter_data: str | None = None
 
 
 def accepted_args() -> list[str]:
@@ -216,6 +234,8 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
             args["budget"] = _as_int("budget", raw["budget"], 1)
     if raw.get("graph") is not None:
         args["graph"] = str(raw["graph"])
+    if raw.get("drafter_data") not in (None, ""):
+        args["drafter_data"] = str(raw["drafter_data"])
     verify = str(raw.get("verify", "coupled"))
     if verify not in VERIFIERS:
         raise SpotArgError(f"spot-dlm: verify={verify!r} is not known; accepted: {', '.join(VERIFIERS)}")
@@ -251,12 +271,13 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
                 f"spot-dlm: graph={str(graph)!r} is not a file; accepted: a JSON written by "
                 "python -m lm_eval_spot.baselines.graph"
             )
-    if out.mode in LEARNED_MODES:
-        drafter = Path(out.drafter or default_drafter_path()).expanduser()
+    if out.mode in LEARNED_MODES and out.drafter is not None:  # the default one is resolved at load (fallback)
+        drafter = Path(out.drafter).expanduser()
         if not (drafter / "drafter.json").is_file():
             raise SpotArgError(
                 f"spot-dlm: drafter={str(drafter)!r} is not a drafter folder (no drafter.json); accepted: a folder "
-                "written by python -m lm_eval_spot.drafter.train, a shipped one by name (paper, small), or mode=control"
+                "written by python -m lm_eval_spot.drafter.train, a shipped one by name (paper, small, transfer), or "
+                "mode=control"
             )
     return out
 

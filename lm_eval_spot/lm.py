@@ -18,13 +18,14 @@ from lm_eval_spot.adapters.base import positions_needed
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
-from lm_eval_spot.config import (LEARNED_MODES, SpotArgs, SpotUserError, default_drafter_path, default_graph_path,
-                                    default_target_path, merge_harness_args, parse_args)
+from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, is_embedded_target, merge_harness_args,
+                                 parse_args)
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
 from lm_eval_spot.loading import load_target
 from lm_eval_spot.methods import build_proposer
@@ -91,14 +92,18 @@ class SpotDLM(LM):
         self.target = {"family": loaded.family, "impl": loaded.impl, "card": self.args.card,
                        "block_len": self.adapter.info.block_len, "mask_id": self.adapter.info.mask_id,
                        "stop_ids": sorted(self.adapter.info.stop_ids)}
-        if self.args.mode in LEARNED_MODES and self.args.drafter is None and \
-                Path(self.args.pretrained).resolve() != default_target_path().resolve():
-            log.warning("spot-dlm: mode=%s with the shipped drafter, which was trained on the embedded target, not "
-                        "on %s: outputs stay exact, but far fewer drafts are accepted than with a drafter trained "
-                        "for this target (python -m lm_eval_spot.drafter.train)", self.args.mode, self.args.pretrained)
         self.base_seed = self.args.seed if self.args.seed is not None else int(torch.initial_seed())
         self.oracle = self.args.mode == "oracle"
-        self.proposer = build_proposer(self.args, self.adapter)
+        choice = build_proposer(self.args, self.adapter)
+        self.proposer, self.drafter_path, self.drafter_note = choice.proposer, choice.drafter, choice.note
+        if self.drafter_path is not None and self.args.drafter is None and not is_embedded_target(self.args.pretrained):
+            log.info("spot-dlm: mode=%s drafts with the shipped transfer drafter (trained on tiny targets, not on %s): "
+                     "outputs stay exact; a drafter trained on this target accepts more drafts: add "
+                     "drafter_data=FOLDER to any run (control included), then python -m lm_eval_spot.drafter.train "
+                     "train --data FOLDER --out D", self.args.mode, self.args.pretrained)
+        self.recording = (DrafterDataWriter(Path(self.args.drafter_data), self.args.pretrained,
+                                            self.adapter.info.block_len, self.adapter.info.mask_id, self.rank)
+                          if self.args.drafter_data else None)
         drafting = self.args.mode != "control"
         self.stats = RunStats(mode=self.args.mode, budget=self.args.budget if drafting else None,
                               exact_prefix_cache=self.adapter.info.exact_prefix_cache,
@@ -170,6 +175,9 @@ class SpotDLM(LM):
                     bar.update(1)
                 bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
         bar.close()
+        if self.recording is not None:
+            self.recording.flush()
+            log.info("spot-dlm: drafter_data: %s", self.recording.summary())
         if jobs:
             self.stats.add_call(time.perf_counter() - t_call, self._decode_s - decode_s)
         # Multi-process runs log the summed summary at lm-eval's barrier, which every rank reaches (a rank whose
@@ -240,9 +248,14 @@ class SpotDLM(LM):
         return runs[True]
 
     def _timed_decode(self, chunk: list[_Job], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
-        """The method's own decoding of a chunk, its wall time added to the run's decoding time."""
+        """The method's own decoding of a chunk, its wall time added to the run's decoding time (with
+        drafter_data, its commits recorded: the recording's cost is part of the time it adds)."""
         t0 = time.perf_counter()
-        out = self._decode_jobs(chunk, proposers)
+        recs = [self.recording.recorder() for _ in chunk] if self.recording is not None else None
+        out = self._decode_jobs(chunk, proposers, recs)
+        if self.recording is not None and recs is not None:
+            for rec in recs:
+                self.recording.add(rec)
         self._decode_s += time.perf_counter() - t0
         return out
 
@@ -303,7 +316,7 @@ class SpotDLM(LM):
         return self.text(ids)
 
     def _decode_jobs(
-        self, chunk: list[_Job], proposers: list[Proposer | None], observers: list[CommitLog] | None = None
+        self, chunk: list[_Job], proposers: list[Proposer | None], observers: list[Any] | None = None
     ) -> list[tuple[str, DecodeResult]]:
         """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`."""
         jobs = [
@@ -345,8 +358,8 @@ class SpotDLM(LM):
         """Everything that decides the generated ids: the args, the seed, the device type, the files read."""
         extra: dict[str, Any] = {"plugin": __version__, "target": folder_identity(self.args.pretrained),
                                  "tokenizer": folder_identity(self.args.tokenizer), "resolved_target": self.target}
-        if self.args.mode in LEARNED_MODES:
-            extra["drafter"] = folder_identity(self.args.drafter or str(default_drafter_path()))
+        if self.drafter_path is not None:
+            extra["drafter"] = folder_identity(str(self.drafter_path))
         if self.args.mode == "graph":
             extra["graph"] = folder_identity(self.args.graph or str(default_graph_path()))
         return fingerprint(vars(self.args), self.base_seed, self.device.type, extra)
@@ -379,6 +392,10 @@ class SpotDLM(LM):
             summary.update(paired.summary())
         summary.update({"family": self.target["family"], "impl": self.target["impl"],
                         "world_size": self.world_size})
+        if self.args.mode != "control":
+            summary["drafter"] = self.drafter_path.name if self.drafter_path is not None else None
+        if self.drafter_note:
+            summary["drafter_note"] = self.drafter_note
         if served and not self._summary_logged:  # every request came from --use_cache: nothing was decoded
             self._summary_logged = True
             log.info("spot-dlm run summary\n%s", format_summary(summary))

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.baselines.graph import GraphProposer, RankGraph
-from lm_eval_spot.config import SpotArgs, default_drafter_path, default_graph_path
+from lm_eval_spot.config import SpotArgs, default_graph_path, drafter_for
 from lm_eval_spot.decoding.proposer import Proposer
-from lm_eval_spot.drafter.model import DrafterModel, load_drafter
+from lm_eval_spot.drafter.model import DrafterMismatchError, DrafterModel, load_drafter
 from lm_eval_spot.drafter.proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
 
 LEARNED_MODES = ("spot", "spot-gamma", "spot-chain")
+FALLBACK_BUDGET = 8  # conf-tree's budget when a budget=auto run finds no drafter (auto reads a drafter's masses)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProposerChoice:
+    proposer: Proposer | None
+    drafter: Path | None  # the drafter folder drafting reads (None: no learned drafter)
+    note: str = ""  # why the run drafts without the drafter it would have used ("" when it does not)
 
 
 @dataclass(frozen=True)
@@ -50,14 +61,26 @@ def load_assets(mode: str, drafter_path: Path, graph_path: Path, block_len: int)
     return drafter, graph
 
 
-def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> Proposer | None:
-    """The run's proposer from the model args (None for control and for the oracle, which is per request)."""
+def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> ProposerChoice:
+    """The run's proposer from the model args (None for control and for the oracle, which is per request).
+
+    A drafter the user named must load; the default one (`config.drafter_for`) that is missing or does not fit
+    the target gives way to conf-tree, the training-free stale-confidence tree, with one warning: the run still
+    drafts and stays exact."""
     if args.mode in ("control", "oracle"):
-        return None
+        return ProposerChoice(None, None)
     block_len = adapter.info.block_len
-    drafter, graph = load_assets(
-        args.mode, Path(args.drafter or default_drafter_path()), Path(args.graph or default_graph_path()), block_len
-    )
+    path = drafter_for(args) if args.mode in LEARNED_MODES else None
+    try:
+        drafter, graph = load_assets(args.mode, path or Path(), Path(args.graph or default_graph_path()), block_len)
+    except DrafterMismatchError as err:
+        if args.drafter is not None:
+            raise
+        budget = args.budget if isinstance(args.budget, int) else FALLBACK_BUDGET
+        why = str(err).removeprefix("spot-dlm: ")
+        note = f"no shipped drafter fits this target ({why}); drafting with conf-tree at budget {budget}"
+        log.warning("spot-dlm: %s: outputs stay exact, fewer drafts are accepted than with a learned drafter", note)
+        return ProposerChoice(make_proposer(MethodSpec("conf-tree", budget)), None, note)
     if drafter is not None:
         drafter = drafter.to(adapter.device)  # the order model runs beside the target (its inputs are small)
     if args.budget == "auto":
@@ -66,6 +89,6 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> Proposer | None:
         assert drafter is not None
         costs = measure_costs(adapter, drafter, gen_length=args.gen_length or 256)  # lm-eval's usual max_gen_toks
         cfg = TreeConfig(budget=costs.max_budget, chain=args.mode == "spot-chain")
-        return AutoBudgetProposer(LearnedOrder(drafter), cfg, costs)
+        return ProposerChoice(AutoBudgetProposer(LearnedOrder(drafter), cfg, costs), path)
     assert isinstance(args.budget, int)
-    return make_proposer(MethodSpec(args.mode, args.budget, args.gamma), drafter, graph)
+    return ProposerChoice(make_proposer(MethodSpec(args.mode, args.budget, args.gamma), drafter, graph), path)

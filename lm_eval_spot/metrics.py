@@ -131,6 +131,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("samples", summary["samples"]),
         ("temperature", summary["temperature"]),
         ("budget D", summary.get("budget")),
+        *([("drafter", summary["drafter"] or "none (conf-tree)")] if "drafter" in summary else []),
         ("NFE / sample", f"{summary['nfe_per_sample']:.2f}"),
         ("generated tokens / sample", f"{summary['gen_tokens_per_sample']:.2f}"),
         ("tokens / forward", f"{summary['tokens_per_forward']:.3f}"),
@@ -164,6 +165,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         rows.append(("generated ids the tokenizer does not know (decoded as nothing)", summary["unknown_token_ids"]))
     if summary.get("served_from_cache") is not None:
         rows.append(("served from --use_cache (no NFE)", summary["served_from_cache"]))
+    if summary.get("drafter_note"):
+        rows.append(("NOTE", summary["drafter_note"]))
     if summary.get("prefix_cache") == "approximate":
         rows.append(("NOTE", "approximate prefix cache: not lossless against full recomputation"))
     width = max(len(k) for k, _ in rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -101,7 +102,7 @@ def test_factored_training_inputs_equal_inference_inputs():
 
 
 @pytest.mark.parametrize("arch", ["encoder", "factored"])
-def test_drafter_checkpoint_metadata_checked(tmp_path, arch):
+def test_drafter_checkpoint_metadata_checked(tmp_path, arch, caplog):
     if arch == "factored":
         model = FactoredOrderModel(FactoredConfig())
     else:
@@ -112,8 +113,12 @@ def test_drafter_checkpoint_metadata_checked(tmp_path, arch):
     assert meta.heldout_accuracy == 0.8
     for k, v in model.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k])
-    with pytest.raises(DrafterMismatchError, match="block length.*block_len=16"):
-        load_drafter(tmp_path / "d", block_len=16)
+    with caplog.at_level(logging.WARNING, logger="lm_eval_spot.drafter.model"):
+        load_drafter(tmp_path / "d", block_len=16)  # never trained at 16: runs, with one warning
+    assert [r.getMessage() for r in caplog.records if "trained for block length(s) [32], the target runs "
+            "block_len=16" in r.getMessage()]
+    with pytest.raises(DrafterMismatchError, match="at most 64 slots, the target runs block_len=65"):
+        load_drafter(tmp_path / "d", block_len=65)
     doc = json.loads((tmp_path / "d" / "drafter.json").read_text())
     doc["meta"]["feature_version"] = 7
     (tmp_path / "d" / "drafter.json").write_text(json.dumps(doc))
@@ -196,9 +201,11 @@ def test_drafter_arg_errors(tiny_target_dir, tmp_path):
         SpotDLM(pretrained=str(tiny_target_dir), mode="control", control="maybe")
 
 
-def test_drafter_block_length_mismatch_is_clear(tiny_target_dir, random_drafter_dir):
-    with pytest.raises(DrafterMismatchError, match="block_len=16"):
-        SpotDLM(pretrained=str(tiny_target_dir), drafter=str(random_drafter_dir), block_len=16)
+def test_drafter_at_an_untrained_block_length_runs_with_a_warning(tiny_target_dir, random_drafter_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="lm_eval_spot.drafter.model"):
+        lm = SpotDLM(pretrained=str(tiny_target_dir), drafter=str(random_drafter_dir), block_len=16)
+    assert lm.proposer is not None
+    assert sum("the target runs block_len=16" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_factored_host_path_equals_torch_path():

@@ -179,9 +179,9 @@ def test_a_damaged_drafter_description_is_refused(drafter_copy, text):
         load_drafter(drafter_copy, 32)
 
 
-def test_a_drafter_for_another_block_length_is_refused_at_start_up(drafter_copy):
-    with pytest.raises(DrafterMismatchError, match=r"trained for block length\(s\) \[32\], the target runs block_len=8"):
-        SpotDLM(pretrained=str(default_target_path()), drafter=str(drafter_copy), block_len=8)
+def test_a_drafter_for_blocks_longer_than_its_slot_tables_is_refused_at_start_up(drafter_copy):
+    with pytest.raises(DrafterMismatchError, match=r"reads blocks of at most 64 slots, the target runs block_len=128"):
+        load_drafter(drafter_copy, 128)
 
 
 class _Payload:

@@ -15,6 +15,7 @@ reads the same inputs (stale top-k probabilities, slot status, path, slot index)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -41,6 +42,9 @@ class FactoredConfig:
     max_block_len: int = 64
     dropout: float = 0.0
     slot_embedding: bool = True  # False: the model cannot tell slots apart by index (a transfer ablation)
+    # Where a slot stands as a fraction of its block (and the block's length), not by index: the same inputs mean
+    # the same thing at every block length, so one model serves blocks of 4 to 64 (the transfer drafter).
+    relative_slots: bool = False
     arch: str = "factored"
 
 
@@ -85,6 +89,12 @@ class HostTables:
         return np.divide(e, z, out=np.zeros_like(e), where=z > 0)
 
 
+def relative_slot_features(L: int, device: torch.device | None = None) -> torch.Tensor:
+    """[L, 2]: the slot's place in its block as a fraction (0 first, 1 last) and log2 of the block length / 6."""
+    frac = torch.arange(L, dtype=torch.float32, device=device) / max(1, L - 1)
+    return torch.stack([frac, torch.full_like(frac, math.log2(L) / 6.0)], dim=-1)
+
+
 def round_inputs(
     topk: torch.Tensor, conf: torch.Tensor, log1m: torch.Tensor, committed: torch.Tensor, eligible: torch.Tensor,
     rank_pad: int,
@@ -113,6 +123,8 @@ class FactoredOrderModel(nn.Module):
         self.status = nn.Embedding(4, d)
         self.slot = nn.Embedding(cfg.max_block_len, d)
         self.rank = nn.Embedding(cfg.max_block_len + 1, d)
+        if cfg.relative_slots:  # only then: older checkpoints' state dicts stay loadable as they are
+            self.rel = nn.Linear(2, d)
         layer = nn.TransformerEncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d)
@@ -130,6 +142,8 @@ class FactoredOrderModel(nn.Module):
         x = self.inp(feat) + self.status(status) + self.rank(rank)
         if self.cfg.slot_embedding:
             x = x + self.slot(torch.arange(L, device=status.device))
+        if self.cfg.relative_slots:
+            x = x + self.rel(relative_slot_features(L, status.device))
         h = self.norm(self.encoder(x) if self.training else encode(self.encoder, x))
         q1, k1, q2, k2 = self.pairs(h).chunk(4, dim=-1)
         scale = self.cfg.d_pair**-0.5

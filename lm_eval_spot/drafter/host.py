@@ -17,7 +17,7 @@ import torch
 from threadpoolctl import ThreadpoolController
 
 from lm_eval_spot.decoding.stale import Stale
-from lm_eval_spot.drafter.factored import LOG1M_SCALE, FactoredOrderModel, HostTables
+from lm_eval_spot.drafter.factored import LOG1M_SCALE, FactoredOrderModel, HostTables, relative_slot_features
 from lm_eval_spot.drafter.features import COMMITTED, INACTIVE, MASKED
 
 
@@ -85,6 +85,7 @@ class HostEncoder:
     status: np.ndarray  # [4, d]
     slot: np.ndarray | None  # [max_block_len, d]; None when the model has no slot embedding
     rank: np.ndarray  # [max_block_len + 1, d]
+    rel: tuple[np.ndarray, np.ndarray] | None  # relative slot features' map ([2, d], [d]); None without them
     layers: tuple[_Layer, ...]
     norm_eps: float
     # The three heads after the final norm (folded in) as one map: columns [base | q1 k1 q2 k2 | by_length],
@@ -121,6 +122,7 @@ class HostEncoder:
             status=_np(model.status.weight),
             slot=_np(model.slot.weight) if cfg.slot_embedding else None,
             rank=_np(model.rank.weight),
+            rel=(_np(model.rel.weight.T), _np(model.rel.bias)) if cfg.relative_slots else None,
             layers=tuple(layers),
             norm_eps=float(model.norm.eps),
             heads=_fold(model.norm, torch.cat([model.base.weight, model.pairs.weight, model.by_length.weight]),
@@ -166,6 +168,8 @@ class HostEncoder:
         x = feat @ self.inp[0] + self.inp[1] + self.status[status] + self.rank[rank]
         if self.slot is not None:
             x = x + self.slot[:L]
+        if self.rel is not None:
+            x = x + (relative_slot_features(L).numpy() @ self.rel[0] + self.rel[1])
         for layer in self.layers:
             x = layer(x)
         out = _normalize(x, self.norm_eps) @ self.heads[0] + self.heads[1]

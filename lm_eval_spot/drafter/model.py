@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,9 @@ from lm_eval_spot.config import SpotUserError
 from lm_eval_spot.drafter.encoder import encode
 from lm_eval_spot.decoding.stale import Stale
 from lm_eval_spot.drafter.features import FEATURE_VERSION, MASKED, MAX_DEPTH, TOP_K, node_status, prob_features
+
+
+log = logging.getLogger(__name__)
 
 
 class DrafterMismatchError(SpotUserError):
@@ -163,7 +167,8 @@ def build_model(config: dict[str, Any]) -> DrafterModel:
 
 
 def load_drafter(path: Path, block_len: int) -> tuple[DrafterModel, DrafterMeta]:
-    """Load a drafter folder; fail clearly if it does not fit (feature version, block length) or is damaged.
+    """Load a drafter folder; fail clearly if it does not fit (feature version, a block longer than its slot
+    tables) or is damaged; a block length it was not trained on runs with a warning.
 
     Nothing in the folder executes: the description is JSON, the weights safetensors (a pickle is refused), and
     the weights' sha256 (written by `save_drafter`) is checked, so a truncated or altered file stops the run.
@@ -182,11 +187,7 @@ def load_drafter(path: Path, block_len: int) -> tuple[DrafterModel, DrafterMeta]
             f"spot-dlm: drafter {str(path)!r} has feature version {meta.feature_version}, this code reads "
             f"version {expected} for its architecture; retrain it with python -m lm_eval_spot.drafter.train"
         )
-    if block_len not in meta.block_lens:
-        raise DrafterMismatchError(
-            f"spot-dlm: drafter {str(path)!r} was trained for block length(s) {list(meta.block_lens)}, "
-            f"the target runs block_len={block_len}; accepted: block_len in {list(meta.block_lens)} or another drafter"
-        )
+    check_block_len(model, meta, block_len, str(path))
     state = _read_weights(path, doc.get("weights_sha256"))
     try:
         model.load_state_dict(state)
@@ -197,6 +198,21 @@ def load_drafter(path: Path, block_len: int) -> tuple[DrafterModel, DrafterMeta]
             f"({first[0].strip()})"
         ) from None
     return model.eval(), meta
+
+
+def check_block_len(model: DrafterModel, meta: DrafterMeta, block_len: int, name: str) -> None:
+    """A block length the drafter never saw runs with a warning (its inputs are defined for any length up to its
+    slot tables); one past those tables is refused."""
+    if block_len in meta.block_lens:
+        return
+    if block_len > model.cfg.max_block_len:
+        raise DrafterMismatchError(
+            f"spot-dlm: drafter {name!r} reads blocks of at most {model.cfg.max_block_len} slots, the target runs "
+            f"block_len={block_len}; accepted: block_len <= {model.cfg.max_block_len} or another drafter"
+        )
+    log.warning("spot-dlm: drafter %r was trained for block length(s) %s, the target runs block_len=%d: it runs "
+                "(outputs stay exact) but may accept fewer drafts than a drafter trained at this length",
+                name, list(meta.block_lens), block_len)
 
 
 def _read_description(path: Path) -> tuple[dict[str, Any], DrafterMeta]:

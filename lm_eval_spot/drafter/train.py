@@ -80,7 +80,7 @@ def _atomic_save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def collect(out: Path, target: str | None, prompts: list[str], block_len: int | None, max_gen_toks: int,
-            model_args: dict | None = None, chat: bool = False) -> None:
+            model_args: dict | None = None, chat: bool = False, temperature: float = 0.0) -> None:
     """Control decoding at T=0 over the prompts; one trajectory shard per SHARD prompts (skipped if present).
     model_args: spot-dlm model args for the target (card=, trust_remote_code=, device=, dtype=, ...); chat: wrap
     each prompt in the tokenizer's chat template as a user turn (as `lm_eval --apply_chat_template` does)."""
@@ -95,9 +95,9 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
     adapter, tok = loaded.adapter, loaded.tokenizer
     shard_dir = out / "trajectories"
     shard_dir.mkdir(parents=True, exist_ok=True)
-    cfg = DecodeConfig(max_gen_toks=max_gen_toks, temperature=0.0)
+    cfg = DecodeConfig(max_gen_toks=max_gen_toks, temperature=temperature)
     n_shards = math.ceil(len(prompts) / SHARD)
-    bar = tqdm(total=len(prompts), desc="collect (control, T=0)")
+    bar = tqdm(total=len(prompts), desc=f"collect (control, T={temperature:g})")
     for s in range(n_shards):
         path = shard_dir / f"shard_{s:04d}.safetensors"
         chunk = prompts[s * SHARD : (s + 1) * SHARD]
@@ -112,26 +112,55 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
                 prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                  add_generation_prompt=True)
             ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            decode(adapter, ids, cfg, seed=0, observer=rec)
+            decode(adapter, ids, cfg, seed=0 if temperature == 0 else sid, observer=rec)
             t = rec.result(adapter.info.mask_id)
             if t is not None:
                 parts.append(t)
             bar.update(1)
         _atomic_save_tensors(Trajectories.concat(parts).to_dict(), path)
     bar.close()
-    meta = {"target": target or "embedded", "block_len": adapter.info.block_len, "prompts": len(prompts)}
+    meta = {"target": target or "embedded", "block_len": adapter.info.block_len, "prompts": len(prompts),
+            "temperature": temperature}
     tmp = out / "collect.json.tmp"  # atomic like the shards: a kill mid-write must not leave half a file
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, out / "collect.json")
 
 
+def shard_paths(folder: Path) -> list[Path]:
+    """A data folder's shards in order: `collect`'s (trajectories/shard_*) then recorded ones (rec_*, by name,
+    which starts with the time they were recorded)."""
+    return sorted((folder / "trajectories").glob("shard_*.safetensors")) + sorted(folder.glob("rec_*.safetensors"))
+
+
+def renumber(parts: list[Trajectories]) -> Trajectories:
+    """Concatenate shards with sample and block ids made dense and unique across them (in shard order): shards
+    recorded by different runs or ranks number their requests from 0 each."""
+    out = Trajectories.concat(parts)
+    shard = torch.cat([torch.full_like(p.pos, i) for i, p in enumerate(parts)])
+    for name in ("sample_id", "block_id"):
+        ids = getattr(out, name)
+        key = shard * (1 << 40) + ids
+        setattr(out, name, torch.unique(key, return_inverse=True)[1])
+    return out
+
+
 def load_trajectories(out: Path) -> Trajectories:
     from safetensors.torch import load_file
 
-    shards = sorted((out / "trajectories").glob("shard_*.safetensors"))
+    shards = shard_paths(out)
     if not shards:
-        raise SystemExit(f"no trajectories under {out}/trajectories: run the collect step first")
-    return Trajectories.concat([Trajectories.from_dict(load_file(str(p))) for p in shards])
+        raise SystemExit(f"no trajectories under {out} (trajectories/shard_* or rec_*): run the collect step, or a "
+                         "spot-dlm run with drafter_data=FOLDER, first")
+    return renumber([Trajectories.from_dict(load_file(str(p))) for p in shards])
+
+
+def load_groups(folders: list[Path]) -> list[Trajectories]:
+    """Every folder's trajectories, grouped by block length (one training batch holds one length)."""
+    by_len: dict[int, list[Trajectories]] = {}
+    for folder in folders:
+        t = load_trajectories(folder)
+        by_len.setdefault(int(t.committed.shape[1]), []).append(t)
+    return [renumber(parts) for _, parts in sorted(by_len.items())]
 
 
 def split_examples(traj: Trajectories, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,8 +200,9 @@ def run_config(cfg: TrainConfig, n_train_units: int) -> dict[str, Any]:
 
 def check_resumable(saved: dict[str, Any], now: dict[str, Any], path: Path) -> None:
     """Raise ValueError (one line) unless `now` continues the run that wrote `saved`; --steps may only grow."""
+    # A setting added since the checkpoint was written matches it when it holds its off value.
     diffs = [f"{k}={saved.get(k)!r} (now {now.get(k)!r})" for k in sorted(set(saved) | set(now))
-             if k != "steps" and saved.get(k) != now.get(k)]
+             if k != "steps" and saved.get(k) != now.get(k) and not (k not in saved and now.get(k) in (False, None))]
     if int(now["steps"]) < int(saved["steps"]):
         diffs.append(f"steps={saved['steps']} (now {now['steps']}; --steps may only grow)")
     if diffs:
@@ -212,11 +242,20 @@ def _lr_at(s: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup))))
 
 
-def train(out: Path, cfg: TrainConfig) -> DrafterModel:
-    traj = load_trajectories(out)
-    train_units, held_units = split_examples(traj, cfg)
-    log.info("training units: %d train, %d held-out (rounds %d)", len(train_units), len(held_units), len(traj.pos))
-    config = run_config(cfg, len(train_units))
+def train(out: Path, cfg: TrainConfig, data: list[Path] | None = None) -> DrafterModel:
+    """Fit the order model on the trajectories of `data` (default: OUT's own), checkpointing to OUT.
+
+    Folders at several block lengths train one model across them: each step's batch comes from one length,
+    chosen with probability proportional to its share of the training units."""
+    groups = load_groups(data or [out])
+    splits = [split_examples(g, cfg) for g in groups]
+    sizes = torch.tensor([float(len(tr)) for tr, _ in splits])
+    log.info("training units: %d train, %d held-out (rounds %d; block lengths %s)", int(sizes.sum()),
+             sum(len(h) for _, h in splits), sum(len(g.pos) for g in groups),
+             [int(g.committed.shape[1]) for g in groups])
+    config = run_config(cfg, int(sizes.sum()))
+    if len(groups) > 1:
+        config["block_lens"] = [int(g.committed.shape[1]) for g in groups]
     torch.manual_seed(cfg.seed)
     model = build_model(asdict(cfg.model))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -228,10 +267,13 @@ def train(out: Path, cfg: TrainConfig) -> DrafterModel:
     bar = tqdm(total=cfg.steps, initial=step, desc="train drafter")
     model.train()
     while step < cfg.steps:
+        # One block length: no draw (a single folder trains exactly as before several were allowed).
+        g = 0 if len(groups) == 1 else int(torch.multinomial(sizes, 1, generator=gen))
+        train_units = splits[g][0]
         idx = torch.randint(len(train_units), (cfg.batch,), generator=gen)
-        loss = _loss(model, traj, train_units[idx], cfg)
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(step, cfg)
+        loss = _loss(model, groups[g], train_units[idx], cfg)
+        for pg in opt.param_groups:
+            pg["lr"] = _lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -248,6 +290,20 @@ def train(out: Path, cfg: TrainConfig) -> DrafterModel:
             break
     bar.close()
     return model.eval()
+
+
+def evaluate_groups(model: DrafterModel, groups: list[Trajectories], cfg: TrainConfig) -> dict[str, Any]:
+    """Held-out scores over every block length (weighted by examples), and per length."""
+    per = {}
+    for g in groups:
+        per[int(g.committed.shape[1])] = evaluate(model, g, split_examples(g, cfg)[1], cfg)
+    n = sum(r["examples"] for r in per.values()) or 1
+    out: dict[str, Any] = {k: sum(r[k] * r["examples"] for r in per.values()) / n
+                           for k in ("accuracy", "stale_conf_accuracy", "accuracy_k0", "stale_conf_accuracy_k0")}
+    out["examples"] = sum(r["examples"] for r in per.values())
+    if len(per) > 1:
+        out["by_block_len"] = per
+    return out
 
 
 @torch.no_grad()
@@ -297,6 +353,9 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("step", choices=["collect", "train", "evaluate", "all"])
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--data", type=Path, nargs="+", default=None,
+                    help="train/evaluate: trajectory folders to read (default: OUT): collect's, or recorded by "
+                    "spot-dlm runs with drafter_data=FOLDER; folders at several block lengths train one model")
     ap.add_argument("--target", default=None, help="target checkpoint folder (default: the embedded target)")
     ap.add_argument("--model_args", default="", help="spot-dlm model args of the target, as for lm_eval "
                     "(e.g. card=sdar-4b-chat,device=cuda,dtype=bfloat16)")
@@ -306,6 +365,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-prompts", type=int, default=1200)
     ap.add_argument("--block-len", type=int, default=None)
     ap.add_argument("--max-gen-toks", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="collect: decoding temperature of the control trajectories (T>0 samples, seed = prompt index)")
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
     ap.add_argument("--batch", type=int, default=None,
                     help="examples per step (encoder, default 256) or roots per step (factored, default 48)")
@@ -323,6 +384,9 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"factored only: stale top-k probabilities read per slot (at most {TOP_K}, what trajectories store)")
     ap.add_argument("--no-slot-embedding", action="store_true",
                     help="factored only: no slot-index embedding (the model sees where slots are only through the data)")
+    ap.add_argument("--relative-slots", action="store_true",
+                    help="factored only: slot place as a fraction of the block (with --no-slot-embedding: a drafter "
+                    "for every block length)")
     ap.add_argument("--dropout", type=float, default=0.0, help="order model dropout while training (default none)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads (use 1 when another job shares the cores: OpenMP spin-waits collapse)")
@@ -339,7 +403,8 @@ def main(argv: list[str] | None = None) -> None:
         if not 1 <= args.top_k <= TOP_K:
             ap.error(f"--top-k must be in 1..{TOP_K} (trajectories store the top {TOP_K}), got {args.top_k}")
         model_cfg = FactoredConfig(**size, d_ff=args.d_ff or FactoredConfig.d_ff, dropout=args.dropout,
-                                   slot_embedding=not args.no_slot_embedding, d_pair=args.d_pair, top_k=args.top_k)
+                                   slot_embedding=not args.no_slot_embedding, d_pair=args.d_pair, top_k=args.top_k,
+                                   relative_slots=args.relative_slots)
     else:
         model_cfg = OrderModelConfig(**size, d_ff=args.d_ff or OrderModelConfig.d_ff, dropout=args.dropout)
     batch = args.batch or (48 if args.arch == "factored" else 256)
@@ -351,27 +416,32 @@ def main(argv: list[str] | None = None) -> None:
 
         collect(out, args.target, training_prompts(args.task, args.n_prompts, args.prompts_file), args.block_len,
                 args.max_gen_toks, simple_parse_args_string(args.model_args) if args.model_args else {},
-                args.apply_chat_template)
+                args.apply_chat_template, args.temperature)
+    data = args.data or [out]
     if args.step in ("train", "all"):
-        train(out, cfg)
+        train(out, cfg, data)
     if args.step in ("evaluate", "all", "train"):
-        traj = load_trajectories(out)
-        _, held = split_examples(traj, cfg)
+        groups = load_groups(data)
         model = build_model(asdict(cfg.model))
         model.load_state_dict(torch.load(out / "train_ckpt.pt", weights_only=True)["model"])
         model.eval()
-        scores = evaluate(model, traj, held, cfg)
-        info = json.loads((out / "collect.json").read_text())
+        scores = evaluate_groups(model, groups, cfg)
+        infos = [json.loads((d / "collect.json").read_text()) for d in data]
+        targets = sorted({str(i["target"]) for i in infos})
+        # Recorded folders do not know their prompt count in advance: count the requests that left records.
+        prompts = (sum(int(i["prompts"]) for i in infos) if all(i.get("prompts") is not None for i in infos)
+                   else sum(int(g.sample_id.max()) + 1 for g in groups))
         meta = DrafterMeta(
             feature_version=feature_version_of(model), top_k=model.cfg.top_k,
-            block_lens=(int(info["block_len"]),),
-            target=str(info["target"]), task=args.task if not args.prompts_file else args.prompts_file,
+            block_lens=tuple(sorted({int(i["block_len"]) for i in infos})),
+            target=targets[0] if len(targets) == 1 else "+".join(targets),
+            task=args.task if not args.prompts_file else args.prompts_file,
             heldout_accuracy=scores["accuracy"], heldout_stale_conf_accuracy=scores["stale_conf_accuracy"],
             extra={"scores": scores, "train": asdict(cfg), "params": n_params(model),
-                   "prompts": info["prompts"], "wall_s_this_run": round(time.time() - t0, 1)},
+                   "prompts": prompts, "data": [str(d) for d in data], "wall_s_this_run": round(time.time() - t0, 1)},
         )
         save_drafter(model, meta, out / "drafter")
-        print(json.dumps(scores, indent=2))
+        print(json.dumps(scores, indent=2, default=str))
 
 
 if __name__ == "__main__":
