@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from lm_eval_spot.config import default_drafter_path, parse_args
+    from lm_eval_spot.config import drafter_for, parse_args
     from lm_eval_spot.loading import load_target
 
     if args.prompts_file:
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
            **({"block_len": args.block_len} if args.block_len else {})}
     loaded = load_target(parse_args(raw))
     report = {"target": args.target or "embedded",
-              **analyse(loaded, prompts, Path(args.drafter or default_drafter_path()), args.budget,
+              **analyse(loaded, prompts, Path(args.drafter) if args.drafter else drafter_for(parse_args(raw)), args.budget,
                         tuple(int(b) for b in args.oracle_budgets.split(",")), args.max_gen_toks, args.lookahead)}
     text = json.dumps(report, indent=2)
     if args.out:

@@ -25,7 +25,7 @@ log = logging.getLogger("lm_eval_spot.batch_bench")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from lm_eval_spot.config import default_drafter_path, parse_args
+    from lm_eval_spot.config import drafter_for, parse_args
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig
     from lm_eval_spot.drafter.model import load_drafter
@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     loaded = load_target(parse_args({"pretrained": args.target, "mode": "control", "device": args.device}))
     adapter, tok = loaded.adapter, loaded.tokenizer
-    drafter = load_drafter(Path(args.drafter or default_drafter_path()), adapter.info.block_len)[0].to(adapter.device)
+    drafter_path = Path(args.drafter) if args.drafter else drafter_for(parse_args({"pretrained": args.target}))
+    drafter = load_drafter(drafter_path, adapter.info.block_len)[0].to(adapter.device)
     docs = TaskSource(args.tasks, args.n, eos=tok.eos_token).prompts
     prompts = [tok(d.context, add_special_tokens=False)["input_ids"] for d in docs]
     detok = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
-    from lm_eval_spot.config import default_drafter_path, default_graph_path, parse_args
+    from lm_eval_spot.config import drafter_for, default_graph_path, parse_args
     from lm_eval_spot.decoding.batch import for_request
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.model import load_drafter
@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return tok.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt)
     source = TaskSource(args.tasks, args.n, chat, eos=tok.eos_token, include_path=args.include_path)
     L = adapter.info.block_len
-    drafter = load_drafter(Path(args.drafter or default_drafter_path()), L)[0].to(adapter.device)
+    drafter_path = Path(args.drafter) if args.drafter else drafter_for(parse_args({**model_args, "mode": "control"}))
+    drafter = load_drafter(drafter_path, L)[0].to(adapter.device)
     graph = RankGraph.load(Path(args.graph or default_graph_path()))
     proposers: dict[tuple[str, int | str], Any] = {}
     for m in args.methods:
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "torch": torch.__version__, "device": args.device,
                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else None},
         "n": args.n, "max_gen_toks": args.max_gen_toks, "block_len": L, "gamma": args.gamma,
-        "lookahead": args.lookahead, "drafter": args.drafter or "shipped",
+        "lookahead": args.lookahead, "drafter": str(drafter_path),
         "other_drafters": dict(args.drafters),
         "wall_s": time.perf_counter() - t_start,
         "auto_costs": asdict(costs) if costs is not None else None,

@@ -18,8 +18,8 @@ from lm_eval_spot.adapters.base import positions_needed
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
-from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, is_embedded_target, merge_harness_args,
-                                 parse_args)
+from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args, parse_args,
+                                 shipped_drafter_path)
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
@@ -96,7 +96,7 @@ class SpotDLM(LM):
         self.oracle = self.args.mode == "oracle"
         choice = build_proposer(self.args, self.adapter)
         self.proposer, self.drafter_path, self.drafter_note = choice.proposer, choice.drafter, choice.note
-        if self.drafter_path is not None and self.args.drafter is None and not is_embedded_target(self.args.pretrained):
+        if self.drafter_path is not None and self.drafter_path.resolve() == shipped_drafter_path("transfer").resolve():
             log.info("spot-dlm: mode=%s drafts with the shipped transfer drafter (trained on tiny targets, not on %s): "
                      "outputs stay exact; a drafter trained on this target accepts more drafts: add "
                      "drafter_data=FOLDER to any run (control included), then python -m lm_eval_spot.drafter.train "

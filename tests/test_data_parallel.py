@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], out: Path, *extra: str) -> tuple[dict, dict]:
-    proc = subprocess.run([*cmd, *ARGS, *extra, "--output_path", str(out)], env=_env(), capture_output=True, text=True,
+def _run(cmd: list[str], out: Path, *extra: str, record: Path | None = None) -> tuple[dict, dict]:
+    args = list(ARGS)
+    if record is not None:  # drafter_data: each rank appends its own shards to the folder
+        args[args.index("--model_args") + 1] += f",drafter_data={record}"
+    proc = subprocess.run([*cmd, *args, *extra, "--output_path", str(out)], env=_env(), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(next(out.rglob("results_*.json")).read_text())
@@ -36,9 +40,9 @@ def _run(cmd: list[str], out: Path, *extra: str) -> tuple[dict, dict]:
 @pytest.mark.slow
 def test_two_ranks_give_the_single_process_generations_and_summed_totals(tmp_path):
     # Also across batch sizes: one process at batch size 1, two at batch size 2.
-    one, one_samples = _run([sys.executable, "-m", "lm_eval"], tmp_path / "one")
+    one, one_samples = _run([sys.executable, "-m", "lm_eval"], tmp_path / "one", record=tmp_path / "rec1")
     two, two_samples = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             "-m", "lm_eval"], tmp_path / "two", "--batch_size", "2")
+                             "-m", "lm_eval"], tmp_path / "two", "--batch_size", "2", record=tmp_path / "rec2")
     assert sorted(one_samples) == sorted(two_samples) == list(range(LIMIT))
     for doc_id, row in one_samples.items():
         # lm-eval appends its padding copy's answer to the padded rank's last document: the first is the real one.
@@ -56,6 +60,23 @@ def test_two_ranks_give_the_single_process_generations_and_summed_totals(tmp_pat
         return sorted((e["prompt_hash"], e["nfe"], e["gen_tokens"], e["rounds"]) for e in info["config"]["spot_samples"])
 
     assert per_sample(two) == per_sample(one)
+    # drafter_data: both ranks recorded (the padding copy was not), the same commits as the single process's run.
+    ranks = {re.search(r"_r(\d+)_[0-9a-f]{8}_\d+\.safetensors$", p.name).group(1)
+             for p in (tmp_path / "rec2").glob("rec_*.safetensors")}
+    assert ranks == {"0", "1"}
+    assert _recorded(tmp_path / "rec2") == _recorded(tmp_path / "rec1")
+
+
+def _recorded(folder: Path) -> list[tuple]:
+    """Each recorded request's (slot, token) commits, as a sorted list (ranks record in their own order)."""
+    from safetensors.torch import load_file
+
+    per: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for path in folder.glob("rec_*.safetensors"):
+        d = load_file(str(path))
+        for sid, pos, tok in zip(d["sample_id"].tolist(), d["pos"].tolist(), d["tok"].tolist(), strict=True):
+            per.setdefault((path.name, sid), []).append((pos, tok))
+    return sorted(tuple(v) for v in per.values())
 
 
 class _Req:
