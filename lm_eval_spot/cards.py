@@ -12,7 +12,7 @@ from lm_eval_spot.config import DTYPES, IMPLS, SpotArgError
 
 REQUIRED = ("family", "hub_id", "mask_id", "eos_id", "stop_ids", "block_len", "grid_origin", "chat_template",
             "dtype", "transformers", "prefix_cache", "budget", "gamma", "drafter")
-OPTIONAL = ("impl", "eot_id", "variants", "verified", "shape")
+OPTIONAL = ("impl", "eot_id", "variants", "verified", "shape", "spot_variant")
 # card field -> model arg it fills
 ARG_FIELDS = {"hub_id": "pretrained", "family": "family", "impl": "impl", "block_len": "block_len",
               "mask_id": "mask_id", "stop_ids": "stop_ids", "dtype": "dtype", "budget": "budget", "gamma": "gamma"}
@@ -118,7 +118,9 @@ def validate(card: Card) -> Card:
     if not isinstance(f["gamma"], (int, float)) or not 0 <= f["gamma"] < 1:
         raise bad("gamma", "must be a number in [0, 1)")
     if f["drafter"] is not None and not isinstance(f["drafter"], str):
-        raise bad("drafter", "must be a drafter folder or null (none trained)")
+        raise bad("drafter", "must be a drafter folder, a shipped drafter's name (transfer, paper, small) or null")
+    if f.get("spot_variant") is not None and not isinstance(f["spot_variant"], str):
+        raise bad("spot_variant", "must be a text: the block variant recommended for SPOT, and why")
     for name, over in (f.get("variants") or {}).items():
         if not isinstance(over, dict) or not set(over) <= {"hub_id", "block_len"}:
             raise bad(f"variants.{name}", "may set only hub_id and block_len")

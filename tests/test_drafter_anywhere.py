@@ -160,3 +160,18 @@ def test_no_fitting_default_drafter_falls_back_to_conf_tree(tiny_target_dir, cap
     if shipped:
         with pytest.raises(DrafterMismatchError, match="block_len=72"):
             SpotDLM(pretrained=str(tiny_target_dir), mode="spot", block_len=72, drafter="transfer")
+
+
+@pytest.mark.parametrize("block_len", [4, 8, 16])
+def test_a_target_without_its_own_drafter_drafts_with_the_shipped_transfer_drafter(tiny_target_dir, block_len):
+    from lm_eval_spot.config import shipped_drafter_path
+
+    if not (shipped_drafter_path("transfer") / "drafter.json").is_file():
+        pytest.skip("the transfer drafter is not shipped in this checkout")
+    lm = SpotDLM(pretrained=str(tiny_target_dir), mode="spot", block_len=block_len, control="paired", seed=4)
+    assert lm.drafter_path is not None and lm.drafter_path.name == "spot-transfer-drafter"
+    lm.generate_until(_reqs() + [Instance("generate_until", {}, ("Q: 5+5", {"until": ["\n\n"], "max_gen_toks": 20,
+                                                                           "do_sample": True, "temperature": 1.0}), 9)])
+    info = lm.get_model_info()["spot"]
+    assert info["exact_match_to_control"] == 1.0 and info["drafter"] == "spot-transfer-drafter"
+    assert info["nfe_per_sample"] < info["control_nfe_per_sample"]

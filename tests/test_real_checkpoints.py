@@ -1,9 +1,10 @@
 """Issue 25: every card's default command on a checkpoint built from the REAL hub files (tests/real_files.py: the
 published config with one layer and narrow widths, the hub's weight names, sharding and tokenizer files), through
 the real CLI on the stock gsm8k task with --apply_chat_template: control at the card's own block length, SPOT at
-T=0 and T=1 (SDAR at its -b32 variant: the shipped drafter is block 32, issue 28) with the draft-free decode of
-every request in the same process (control=paired) to compare with, and the self-check. Runs are cut to two
-problems, zero-shot, 64 generated tokens. Slow: about 20 CLI runs."""
+T=0 and T=1 at the card's own block length with its default drafter (SDAR's block 4 included, issue 28) with the
+draft-free decode of every request in the same process (control=paired) to compare with, every SDAR block
+variant (8 ... 64) the same way in process, and the self-check. Runs are cut to two problems, zero-shot, 64
+generated tokens. Slow: about 20 CLI runs."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def test_card_default_command_runs_gsm8k_in_control_and_spot(ckpts, name, tmp_pa
     gen = "max_gen_toks=64"
     control = _cli(["--model_args", f"card={card},pretrained={folder},mode=control", "--gen_kwargs", gen],
                    tmp_path / "control")
-    spot_card = card + "-b32" if FAMILY[name] == "sdar" else card
+    spot_card = card
     tok = _tokenizer(folder, name)
     for run in [control]:
         for s in run["_samples"]:  # the prompt is the template's own rendering of the question
@@ -93,8 +94,31 @@ def test_card_default_command_runs_gsm8k_in_control_and_spot(ckpts, name, tmp_pa
         assert s["mode"] == "spot" and s["temperature"] == T and s["samples"] == 2
         assert s["exact_match_to_control"] == 1.0, s
         assert s["nfe_per_sample"] < s["control_nfe_per_sample"]
+        assert s["drafter"] == "spot-transfer-drafter", s  # the card's drafter: the shipped transfer one
         if T == 0 and spot_card == card:  # the same command in control, in another process, wrote the same text
             assert [x["resps"] for x in spot["_samples"]] == [x["resps"] for x in control["_samples"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["", "-b8", "-b16", "-b32", "-b64"])
+def test_every_sdar_block_variant_runs_spot_exactly(ckpts, variant):
+    """SDAR's card and each block variant, default mode and drafter: SPOT == control at T=0 and T=1."""
+    from lm_eval.api.instance import Instance
+
+    from lm_eval_spot.lm import SpotDLM
+
+    lm = SpotDLM(card="sdar-1.7b-chat" + variant, pretrained=str(ckpts["sdar-1.7b-chat"]), control="paired",
+                 dtype="float32", seed=5)
+    assert lm.adapter.info.block_len == {"": 4, "-b8": 8, "-b16": 16, "-b32": 32, "-b64": 64}[variant]
+    assert lm.drafter_path is not None and lm.drafter_path.name == "spot-transfer-drafter"
+    reqs = [Instance("generate_until", {}, (q, {"until": ["<|im_end|>"], "max_gen_toks": 40, **kw}), i)
+            for i, (q, kw) in enumerate([("What is 2+3?", {}), ("Name a colour.", {}),
+                                         ("What is 7+8?", {"do_sample": True, "temperature": 1.0}),
+                                         ("Say hi.", {"do_sample": True, "temperature": 1.0})])]
+    lm.generate_until(reqs)
+    s = lm.get_model_info()["spot"]
+    assert s["exact_match_to_control"] == 1.0 and s["samples"] == 4, s
+    assert s["nfe_per_sample"] < s["control_nfe_per_sample"]
 
 
 @pytest.mark.slow
