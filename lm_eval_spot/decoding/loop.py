@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from lm_eval_spot.adapters.base import NFECounter, TargetAdapter
+from lm_eval_spot.decoding.observe import PendingCommits
 from lm_eval_spot.decoding.noise import gumbel_rows, mix_seed
 from lm_eval_spot.decoding.proposer import Proposer, RoundContext, RoundRun
 from lm_eval_spot.decoding.stale import Stale, summarize
@@ -193,6 +194,8 @@ class RequestDecode:
         self.dev = adapter.device
         self.session, self.tail = adapter.open(prompt_ids, cfg.max_gen_toks)
         self.link = HostLink()
+        # Commits for the observer, summarised in batches (observe.PendingCommits).
+        self.observed = PendingCommits(observer, self.link) if observer is not None else None
         self.timing = RoundTiming()
         self.gen_start = len(prompt_ids)
         self.gen_end = self.gen_start + cfg.max_gen_toks
@@ -371,12 +374,10 @@ class RequestDecode:
             self.prev_path = tuple(path) if self._asked else None
         if self.on_verify is not None:
             self.on_verify(self.block, tree, path, tpos, ttok)
-        if self.observer is not None:
-            seen = [n for n in nodes if int(tpos[n]) >= 0]
-            if seen:
-                views = summarize(logits[seen], self.link, cfg.temperature, self.gumbel)
-                for n, view in zip(seen, views, strict=True):
-                    self.observer.on_commit(self.block, states[n], node_eligible[n], view, int(tpos[n]), int(ttok[n]))
+        if self.observed is not None:
+            for n in nodes:
+                if int(tpos[n]) >= 0:
+                    self.observed.add(self.block, states[n], node_eligible[n], logits[n], int(tpos[n]), int(ttok[n]))
         last = nodes[-1]
         ahead_row = self.ahead_row is not None
         left = int(((self.state == mask_id) & self.window).sum())
@@ -432,6 +433,8 @@ class RequestDecode:
             self._finish(prefix, "length")
 
     def _finish(self, ids: list[int], reason: str) -> None:
+        if self.observed is not None:
+            self.observed.flush()  # before the clock stops: the observers' work is part of the request's time
         self.result = DecodeResult(ids, reason, self.session.nfe, self.committed, self.rounds, self.drafted,
                                    self.accepted, time.perf_counter() - self.t0, self.link.bytes, self.timing,
                                    self.ahead)

@@ -52,9 +52,10 @@ class TrajectoryRecorder:
         self.rows: list[tuple] = []
 
     def on_commit(self, block, state, eligible, stale, pos, tok) -> None:
-        self.rows.append((stale.topk[:, : self.top_k].half(), stale.confidence.clone(), stale.log1m.clone(),
-                          stale.top_ids[:, 0].int(),
-                          eligible.clone(), state.clone(), pos, tok, self.block_offset + block))
+        # Kept as given (no per-commit ops: on small targets they cost as much as a forward's share); the decoder
+        # hands over tensors it no longer changes. Converted once, in `result`.
+        self.rows.append((stale.topk[:, : self.top_k], stale.confidence, stale.log1m, stale.top_ids[:, 0],
+                          eligible, state, pos, tok, self.block_offset + block))
 
     def result(self, mask_id: int) -> Trajectories | None:
         if not self.rows:
@@ -62,10 +63,10 @@ class TrajectoryRecorder:
         vals, conf, log1m, top1, elig, states, pos, tok, blk = zip(*self.rows, strict=True)
         st = torch.stack(states)
         return Trajectories(
-            topk=torch.stack(vals),
-            conf=torch.stack(conf),
-            log1m=torch.stack(log1m),
-            top1=torch.stack(top1),
+            topk=torch.stack(vals).half(),
+            conf=torch.stack(conf).float(),
+            log1m=torch.stack(log1m).float(),
+            top1=torch.stack(top1).int(),
             committed=st != mask_id,
             eligible=torch.stack(elig),
             pos=torch.tensor(pos, dtype=torch.long),
