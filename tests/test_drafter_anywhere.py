@@ -60,6 +60,12 @@ def test_a_control_run_records_what_collect_records(tiny_target_dir, tmp_path):
     assert len(rec["pos"]) == len(col["pos"]) > 0
     for key in ("topk", "conf", "log1m", "top1", "committed", "eligible", "pos", "tok"):
         assert torch.equal(rec[key], col[key]), key
+    # Independent of how both paths summarise: at T=0 control commits the most confident eligible slot and its
+    # argmax token, so each record's own summary must say so at the slot it committed.
+    rows = torch.arange(len(rec["pos"]))
+    assert torch.equal(rec["top1"][rows, rec["pos"]].long(), rec["tok"])
+    best = rec["conf"].masked_fill(~rec["eligible"], -1.0).amax(-1)
+    assert torch.equal(rec["conf"][rows, rec["pos"]], best)
     meta = json.loads((tmp_path / "rec" / "collect.json").read_text())
     assert meta["block_len"] == 8
 

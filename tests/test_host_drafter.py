@@ -52,7 +52,9 @@ def context(seed: int, L: int, scale: float, T: float, n_committed: int, n_outsi
 
 
 @pytest.mark.parametrize("cfg", [{}, {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 192},
-                                 {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "slot_embedding": False}])
+                                 {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "slot_embedding": False},
+                                 {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "slot_embedding": False,
+                                  "relative_slots": True}])
 @pytest.mark.parametrize("scale", [1.0, 40.0])
 def test_numpy_pass_equals_the_torch_model(cfg, scale):
     model = random_factored(1, **cfg)
