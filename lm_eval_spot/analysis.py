@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
            **({"block_len": args.block_len} if args.block_len else {})}
     loaded = load_target(parse_args(raw))
     report = {"target": args.target or "embedded",
-              **analyse(loaded, prompts, Path(args.drafter) if args.drafter else drafter_for(parse_args(raw)), args.budget,
+              **analyse(loaded, prompts, drafter_for(parse_args({**raw, "drafter": args.drafter})), args.budget,
                         tuple(int(b) for b in args.oracle_budgets.split(",")), args.max_gen_toks, args.lookahead)}
     text = json.dumps(report, indent=2)
     if args.out:

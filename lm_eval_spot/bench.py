@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return tok.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt)
     source = TaskSource(args.tasks, args.n, chat, eos=tok.eos_token, include_path=args.include_path)
     L = adapter.info.block_len
-    drafter_path = Path(args.drafter) if args.drafter else drafter_for(parse_args({**model_args, "mode": "control"}))
+    drafter_path = drafter_for(parse_args({**model_args, "mode": "control", "drafter": args.drafter}))
     drafter = load_drafter(drafter_path, L)[0].to(adapter.device)
     graph = RankGraph.load(Path(args.graph or default_graph_path()))
     proposers: dict[tuple[str, int | str], Any] = {}

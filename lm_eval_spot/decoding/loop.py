@@ -189,7 +189,7 @@ class RequestDecode:
             raise ValueError(f"verify must be 'coupled' or 'rejection', got {verify!r}")
         self.t0 = time.perf_counter()
         self.adapter, self.cfg, self.seed = adapter, cfg, seed
-        self.stop_check, self.proposer, self.observer = stop_check, proposer, observer
+        self.stop_check, self.proposer = stop_check, proposer
         self.rejection = verify == "rejection" and cfg.temperature > 0  # at T=0 both are the same greedy check
         self.dev = adapter.device
         self.session, self.tail = adapter.open(prompt_ids, cfg.max_gen_toks)

@@ -7,7 +7,9 @@ so an example (r, k) replays c_r..c_{r+k-1} as a hypothetical path over l_{r-1} 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -42,6 +44,15 @@ class Trajectories:
     @staticmethod
     def concat(parts: list[Trajectories]) -> Trajectories:
         return Trajectories(**{k: torch.cat([getattr(p, k) for p in parts]) for k in Trajectories.__dataclass_fields__})
+
+
+def save_tensors_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors, written to a temporary name and renamed: a kill mid-write never leaves half a shard."""
+    from safetensors.torch import save_file
+
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
 
 
 class TrajectoryRecorder:

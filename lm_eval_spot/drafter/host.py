@@ -97,6 +97,8 @@ class HostEncoder:
     # numpy's BLAS runs these matmuls on one thread: its own thread pool, woken beside torch's, spins on the cores
     # the target's forward needs (measured: the next forward 3.5x slower on 2 cores).
     blas: tuple[Any, ...] = field(default_factory=lambda: _blas_libraries(), compare=False, repr=False)
+    # The relative slot features' contribution per block length ([L, d]), computed once per length, not per round.
+    rel_by_len: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def of(model: FactoredOrderModel) -> HostEncoder:
@@ -169,7 +171,9 @@ class HostEncoder:
         if self.slot is not None:
             x = x + self.slot[:L]
         if self.rel is not None:
-            x = x + (relative_slot_features(L).numpy() @ self.rel[0] + self.rel[1])
+            if L not in self.rel_by_len:
+                self.rel_by_len[L] = relative_slot_features(L).numpy() @ self.rel[0] + self.rel[1]
+            x = x + self.rel_by_len[L]
         for layer in self.layers:
             x = layer(x)
         out = _normalize(x, self.norm_eps) @ self.heads[0] + self.heads[1]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lm_eval_spot.config import SpotUserError
-from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder
+from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, save_tensors_atomic
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +91,9 @@ class DrafterDataWriter:
     def flush(self) -> None:
         if not self.pending:
             return
-        from safetensors.torch import save_file
-
         traj = Trajectories.concat(self.pending)
         path = self.folder / f"{self.prefix}_{self.n_shards:05d}.safetensors"
-        tmp = path.with_suffix(".tmp")
-        save_file(traj.to_dict(), str(tmp))
-        os.replace(tmp, path)
+        save_tensors_atomic(traj.to_dict(), path)
         self.bytes_written += path.stat().st_size
         self.n_commits += len(traj.pos)
         self.n_shards += 1

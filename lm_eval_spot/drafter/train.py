@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from lm_eval_spot.drafter.data import (Trajectories, TrajectoryRecorder, draftable_rounds, make_batch,
-                                       make_round_batch, replay_examples)
+                                       make_round_batch, replay_examples, save_tensors_atomic)
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.features import TOP_K
 from lm_eval_spot.drafter.model import (DrafterMeta, DrafterModel, OrderModel, OrderModelConfig, build_model,
@@ -69,14 +69,6 @@ def training_prompts(task: str, n: int, prompts_file: str | None) -> list[str]:
     from lm_eval_spot.arith.generator import make_prompt, make_split
 
     return [make_prompt(p["question"]) for p in make_split("train", n)]
-
-
-def _atomic_save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
 
 
 def collect(out: Path, target: str | None, prompts: list[str], block_len: int | None, max_gen_toks: int,
@@ -117,7 +109,7 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
             if t is not None:
                 parts.append(t)
             bar.update(1)
-        _atomic_save_tensors(Trajectories.concat(parts).to_dict(), path)
+        save_tensors_atomic(Trajectories.concat(parts).to_dict(), path)
     bar.close()
     meta = {"target": target or "embedded", "block_len": adapter.info.block_len, "prompts": len(prompts),
             "temperature": temperature}
