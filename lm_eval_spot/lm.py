@@ -18,7 +18,7 @@ from lm_eval_spot.adapters.base import positions_needed
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
-from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args, parse_args,
+from lm_eval_spot.config import (LEARNED_MODES, SpotArgs, SpotUserError, default_graph_path, merge_harness_args, parse_args,
                                  shipped_drafter_path)
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
@@ -253,7 +253,7 @@ class SpotDLM(LM):
         t0 = time.perf_counter()
         recs = [self.recording.recorder() for _ in chunk] if self.recording is not None else None
         out = self._decode_jobs(chunk, proposers, recs)
-        if self.recording is not None and recs is not None:
+        if recs is not None:
             for rec in recs:
                 self.recording.add(rec)
         self._decode_s += time.perf_counter() - t0
@@ -392,7 +392,7 @@ class SpotDLM(LM):
             summary.update(paired.summary())
         summary.update({"family": self.target["family"], "impl": self.target["impl"],
                         "world_size": self.world_size})
-        if self.args.mode != "control":
+        if self.args.mode in LEARNED_MODES:  # the modes that read a drafter (the fallback shows as none)
             summary["drafter"] = self.drafter_path.name if self.drafter_path is not None else None
         if self.drafter_note:
             summary["drafter_note"] = self.drafter_note
