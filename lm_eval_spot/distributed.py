@@ -7,6 +7,7 @@ device per local rank, and its own run statistics summed over ranks (padding cop
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from dataclasses import dataclass
@@ -77,11 +78,19 @@ def detect_ranks(device: str) -> Ranks:
     acc = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(weeks=52))])
     if acc.num_processes <= 1:
         return Ranks()
+    # The group is left for the interpreter's teardown otherwise, where gloo's threads can abort the process after
+    # a finished run ("terminate called without an active exception", seen on a 2-rank CPU run): close it first.
+    atexit.register(_close_group)
     ranks = Ranks(rank=acc.process_index, world_size=acc.num_processes, local_rank=acc.local_process_index,
                   accelerator=acc)
     log.info("spot-dlm: data parallel, rank %d of %d (local rank %d, %s)", ranks.rank, ranks.world_size,
              ranks.local_rank, acc.device)
     return ranks
+
+
+def _close_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def rank_device(requested: str, ranks: Ranks) -> str:
