@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
          "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py",
-         "tests/test_auto_budget.py"]
+         "tests/test_auto_budget.py", "tests/test_fused_attention.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -35,13 +35,12 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "                                      self.adapter.info.vocab_size, self.dev)\n"
      "        self._t_round = time.perf_counter()\n"),
     ("a replica sees another replica's state", "lm_eval_spot/adapters/prefix_attention.py",
-     "own = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2))",
-     "own = torch.matmul(qg, k.roll(1, 0).unsqueeze(2).transpose(-1, -2))"),
+     "out, lse = kernel(qg.reshape(R, kvh, g * N, d), k, v, scaling, mask)",
+     "out, lse = kernel(qg.reshape(R, kvh, g * N, d), k.roll(1, 0), v.roll(1, 0), scaling, mask)"),
     ("stale conditionals from the root instead of the deepest accepted node", "lm_eval_spot/decoding/loop.py",
      "stale_src = logits[last]", "stale_src = logits[0]"),
     ("lookahead row does not read the completion's keys", "lm_eval_spot/adapters/prefix_attention.py",
-     "ext = (torch.cat([kp, ka], -2), torch.cat([vp, va], -2)) if kp is not None else (ka, va)",
-     "ext = (kp, vp) if kp is not None else None"),
+     "            extra.append((R - 1, R, N - L, k[a : a + 1, :, -L:], v[a : a + 1, :, -L:]))", "            pass"),
     ("next block's stale taken from the completion row, not the lookahead row", "lm_eval_spot/decoding/loop.py",
      "                    self._carry = ahead\n",
      "                    self._carry = logits[min(self.ahead_row, logits.shape[0] - 1)]\n"),
@@ -80,11 +79,12 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("budget=auto's learned round costs may fall with more rows", "lm_eval_spot/auto_budget.py",
      "        return (out[0],) + monotone_fit(out[1:], w)", "        return tuple(out)"),
     ("replica rows do not read the pending block's keys", "lm_eval_spot/adapters/prefix_attention.py",
-     "        ext = (torch.cat([kv[0], k[:1]], -2), torch.cat([kv[1], v[:1]], -2)) if kv is not None else (k[:1], v[:1])",
-     "        ext = kv"),
-    ("the pending block is stored without the prefix it attended", "lm_eval_spot/adapters/prefix_attention.py",
-     "        head = self._shared(kv, q[:1], k[:1], v[:1], scaling)",
-     "        head = self._shared(None, q[:1], k[:1], v[:1], scaling)"),
+     "            extra.append((1, R, 0, k[:1], v[:1]))", "            pass"),
+    ("rows do not read the stored prefix", "lm_eval_spot/adapters/prefix_attention.py",
+     "        if pre is not None and pre[0].shape[-2]:\n            piece = merge(",
+     "        if False:\n            piece = merge("),
+    ("the prompt's pending blocks read the state after them", "lm_eval_spot/adapters/prefix_attention.py",
+     "mask = None if self.dense else self.new_mask.repeat(g, 1)", "mask = None"),
 ]
 
 

@@ -115,7 +115,7 @@ class BidirectionalSession:
             N = self.canvas_len
             zeros = torch.zeros(N, N, dtype=ad.dtype, device=ad.device)
             return ad._run(self._canvas(states), torch.arange(N).expand(states.shape[0], -1),
-                           PrefixPass([(0, states.shape[0], None)], zeros), keep)
+                           PrefixPass([(0, states.shape[0], None)], zeros, kernel=ad.kernel, dense=True), keep)
         with torch.no_grad():
             return ad.protocol.forward(ad.model, self._canvas(states).to(ad.device), keep.to(ad.device)).float()
 
@@ -130,7 +130,9 @@ class BidirectionalAdapter:
     """Adapter over a fully bidirectional model (grid origin at the prompt's end). cache: "none" (exact, full
     recomputation every forward) or "approx" (Fast-dLLM prefix cache; native transformers classes only)."""
 
-    def __init__(self, model: torch.nn.Module, info: TargetInfo, protocol: CanvasProtocol, cache: str = "none") -> None:
+    def __init__(self, model: torch.nn.Module, info: TargetInfo, protocol: CanvasProtocol, cache: str = "none",
+                 attention: str = "fused") -> None:
+        """attention (cache="approx"): the shared-prefix attention's path, "fused" or "reference" (`prefix_attention`)."""
         if info.grid_origin != "prompt_end":
             raise ValueError("bidirectional targets use grid origin 'prompt_end'")
         if cache not in ("none", "approx"):
@@ -143,8 +145,7 @@ class BidirectionalAdapter:
         self.cache = cache
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        if cache == "approx":
-            use_prefix_attention(self.model)
+        self.kernel = use_prefix_attention(self.model, attention) if cache == "approx" else None
 
     def open(self, prompt_ids: list[int], gen_length: int | None = None) -> tuple[BidirectionalSession, list[int]]:
         if gen_length is None:
@@ -168,7 +169,7 @@ class BidirectionalAdapter:
         """One whole-canvas forward (row 0) that also records the first n_cache positions' keys/values."""
         N = canvas.shape[1]
         zeros = torch.zeros(N, N, dtype=self.dtype, device=self.device)  # every position sees every other
-        pp = PrefixPass([(0, 1, None)], zeros, record=n_cache)
+        pp = PrefixPass([(0, 1, None)], zeros, record=n_cache, kernel=self.kernel, dense=True)
         logits = self._run(canvas, torch.arange(N)[None], pp, keep)
         kv = [(pp.recorded[i][0].clone(), pp.recorded[i][1].clone()) for i in sorted(pp.recorded)]
         return kv, logits  # kv == [] when nothing precedes the block
@@ -178,7 +179,7 @@ class BidirectionalAdapter:
         c = kv[0][0].shape[-2] if kv else 0
         R, N = canvas.shape
         zeros = torch.zeros(N - c, N - c, dtype=self.dtype, device=self.device)
-        pp = PrefixPass([(0, R, kv or None)], zeros)
+        pp = PrefixPass([(0, R, kv or None)], zeros, kernel=self.kernel, dense=True)
         return self._run(canvas[:, c:], torch.arange(c, N).expand(R, -1), pp, keep - c)
 
 

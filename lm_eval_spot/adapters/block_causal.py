@@ -90,7 +90,8 @@ class BlockCausalSession:
         allowed_new[:P, :P] = block_causal_allowed(pend_pos, pend_pos, L)
         allowed_new[:P, P:] = False
         mask = allowed_to_additive(allowed_new, self._adapter.dtype)[0].to(self._adapter.device)
-        pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, record=P, ahead=None if ahead is None else (ahead, L))
+        pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, record=P, ahead=None if ahead is None else (ahead, L),
+                        kernel=self._adapter.kernel, dense=P == 0)
         logits = self._adapter._run(ids, pos, pp, L)
         if P:
             self._store(pp)
@@ -119,7 +120,7 @@ class BlockCausalSession:
             pos = torch.cat([pos, (start + L + torch.arange(L))[None]])
         mask = torch.zeros(L, L, dtype=self._adapter.dtype, device=dev)  # bidirectional inside a block
         pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, pending_row=True,
-                        ahead=None if ahead is None else (ahead + 1, L))
+                        ahead=None if ahead is None else (ahead + 1, L), kernel=self._adapter.kernel, dense=True)
         logits = self._adapter._run(ids, pos, pp, L)[1:]
         self._store(pp)
         self.nfe.rounds += 1
@@ -136,14 +137,16 @@ class BlockCausalAdapter:
     """Adapter for a transformers causal-LM class whose attention goes through transformers' attention-function
     registry (Qwen3, Llama, Qwen2, ...) and that takes position ids and `logits_to_keep`."""
 
-    def __init__(self, model: torch.nn.Module, info: TargetInfo) -> None:
+    def __init__(self, model: torch.nn.Module, info: TargetInfo, attention: str = "fused") -> None:
+        """attention: "fused" (cascade pieces through the device's fused kernels) or "reference" (the plain matmul
+        path, kept to check and time the fused one against)."""
         if info.grid_origin != "zero":
             raise ValueError("block-causal targets use grid origin 'zero'")
         self.model = model.eval()
         self.info = info
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        use_prefix_attention(self.model)
+        self.kernel = use_prefix_attention(self.model, attention)
         self.layers = [m.layer_idx for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
 
     def block_logits_many(self, items: list[tuple[BlockCausalSession, torch.Tensor]]) -> list[torch.Tensor]:
@@ -174,7 +177,7 @@ class BlockCausalAdapter:
                 pos.append((session.block_start + torch.arange(L)).expand(R, -1))
                 a += R
             mask = torch.zeros(L, L, dtype=self.dtype, device=self.device)  # bidirectional inside the block
-            logits = self._run(torch.cat(ids), torch.cat(pos), PrefixPass(segments, mask), L)
+            logits = self._run(torch.cat(ids), torch.cat(pos), PrefixPass(segments, mask, kernel=self.kernel, dense=True), L)
             for (first, end, _), i in zip(segments, shared, strict=True):
                 items[i][0].nfe.rounds += 1
                 out[i] = logits[first:end]

@@ -24,12 +24,18 @@ next block's first forward would once that completion is committed. Every other 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from lm_eval_spot.adapters.cascade import LseKernel, merge, pick_kernel
+
+log = logging.getLogger(__name__)
+
 NAME = "spot_prefix"
+ATTENTIONS = ("fused", "reference")  # fused: cascade pieces through fused kernels; reference: the matmul path
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, P, head_dim]
 
@@ -50,14 +56,68 @@ class PrefixPass:
     # Row 0 is the one pending block (its keys recorded for the cache); the other rows read it after the prefix.
     # Only in a one-request forward; new_mask is then the block's own [L, L].
     pending_row: bool = False
+    # The fused path's kernel (`cascade.pick_kernel`); None runs the reference path (plain matmuls, one softmax).
+    kernel: LseKernel | None = None
+    dense: bool = False  # new_mask lets every new token see every other of its row (the kernels skip it)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
         """q [R, H, N, d], k/v [R, kv, N, d] (after RoPE) -> attention output [R, N, H, d]."""
+        if self.kernel is not None:
+            return self._fused(layer, q, k, v, scaling)
         if self.pending_row:
             return self._with_pending_row(layer, q, k, v, scaling)
         if self.ahead is not None:
             return self._with_ahead(layer, q, k, v, scaling)
         return self._attend(layer, q, k, v, scaling)
+
+    def _fused(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+        """Every layout through `_cascade`: which rows read which keys besides the stored prefix and their own."""
+        if len(self.segments) != 1 and (self.record or self.pending_row or self.ahead is not None):
+            raise ValueError("pending blocks and lookahead rows ride along with one request's forward at a time")
+        if self.record:
+            self.recorded[layer] = (k[:1, :, : self.record], v[:1, :, : self.record])
+        if len(self.segments) > 1:
+            # Each request's rows exactly as if it were alone in the forward (its arithmetic does not see the others).
+            return torch.cat([self._cascade(pre[layer] if pre else None, q[a:b], k[a:b], v[a:b], scaling, [])
+                              for a, b, pre in self.segments], dim=0)
+        pre = self.segments[0][2]
+        kv = pre[layer] if pre else None
+        R, N = q.shape[0], q.shape[2]
+        extra: list[tuple[int, int, int, torch.Tensor, torch.Tensor]] = []
+        if self.pending_row:
+            # Row 0 is the pending block; every later row reads its keys after the prefix, as once it is stored.
+            self.recorded[layer] = (k[:1], v[:1])
+            extra.append((1, R, 0, k[:1], v[:1]))
+        if self.ahead is not None:
+            # The last row (the next block) also reads a completion's active-block keys, at its block positions.
+            a, L = self.ahead
+            extra.append((R - 1, R, N - L, k[a : a + 1, :, -L:], v[a : a + 1, :, -L:]))
+        return self._cascade(kv, q, k, v, scaling, extra)
+
+    def _cascade(self, pre: tuple[torch.Tensor, torch.Tensor] | None, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor, scaling: float, extra: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]
+                 ) -> torch.Tensor:
+        """Rows attend [stored prefix ; extra keys ; own keys under new_mask], as merged pieces: one kernel call
+        for all rows over the prefix (replicas folded into the query axis), one over each row's own keys, one
+        per extra key set (rows r0:r1 from position n0 on)."""
+        kernel = self.kernel
+        assert kernel is not None
+        R, H, N, d = q.shape
+        kvh = k.shape[1]
+        g = H // kvh
+        qg = q.reshape(R, kvh, g, N, d)
+        mask = None if self.dense else self.new_mask.repeat(g, 1)  # GQA groups folded into the query axis
+        out, lse = kernel(qg.reshape(R, kvh, g * N, d), k, v, scaling, mask)
+        piece = (out.reshape(R, kvh, g, N, d), lse.reshape(R, kvh, g, N))
+        if pre is not None and pre[0].shape[-2]:
+            piece = merge(piece, _shared_piece(kernel, qg, pre[0], pre[1], scaling))
+        for r0, r1, n0, ke, ve in extra:
+            part = _shared_piece(kernel, qg[r0:r1, :, :, n0:], ke, ve, scaling)
+            sub = merge((piece[0][r0:r1, :, :, n0:], piece[1][r0:r1, :, :, n0:]), part)
+            o, l = piece[0].float(), piece[1].clone()
+            o[r0:r1, :, :, n0:], l[r0:r1, :, :, n0:] = sub
+            piece = (o, l)
+        return piece[0].to(q.dtype).reshape(R, H, N, d).transpose(1, 2).contiguous()
 
     def _with_pending_row(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
                           ) -> torch.Tensor:
@@ -158,6 +218,16 @@ class PrefixPass:
         return out.transpose(1, 2).contiguous()
 
 
+def _shared_piece(kernel: LseKernel, qg: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, scaling: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """qg [R, kv, g, N, d] against ONE key set kp/vp [1, kv, P, d] read by all rows: rows and groups folded into
+    the query axis of one kernel call (the keys are neither copied nor expanded) -> out [R, kv, g, N, d], lse."""
+    R, kvh, g, N, d = qg.shape
+    qf = qg.permute(1, 0, 2, 3, 4).reshape(1, kvh, R * g * N, d)
+    out, lse = kernel(qf, kp, vp, scaling, None)
+    return (out.reshape(kvh, R, g, N, d).permute(1, 0, 2, 3, 4), lse.reshape(kvh, R, g, N).permute(1, 0, 2, 3))
+
+
 def prefix_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, spot_prefix=None, **kw):
     """transformers' attention-function signature (query [B, H, N, d]; returns ([B, N, H, d], None))."""
     if spot_prefix is None:
@@ -168,9 +238,20 @@ def prefix_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     return spot_prefix.attend(module.layer_idx, query, key, value, scale), None
 
 
-def use_prefix_attention(model: torch.nn.Module) -> None:
-    """Select the shared-prefix attention on `model` (registered with transformers once; idempotent)."""
+def use_prefix_attention(model: torch.nn.Module, attention: str = "fused") -> LseKernel | None:
+    """Select the shared-prefix attention on `model` (registered with transformers once; idempotent). Returns the
+    kernel its `PrefixPass`es carry: the fused one for the model's device and dtype, or None for `reference`."""
     from transformers import AttentionInterface
 
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     AttentionInterface.register(NAME, prefix_attention)
     model.config._attn_implementation = NAME
+    if attention == "reference":
+        return None
+    param = next(model.parameters())
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kernel, name = pick_kernel(param.device, param.dtype, head_dim)
+    log.debug("shared-prefix attention: %s kernel on %s/%s", name, param.device, param.dtype)
+    return kernel
