@@ -111,8 +111,9 @@ def validate(card: Card) -> Card:
         raise bad("grid_origin", "must be zero or prompt_end")
     if f["prefix_cache"] not in ("exact", "approximate"):
         raise bad("prefix_cache", "must be exact or approximate")
-    if f["dtype"] not in DTYPES:
-        raise bad("dtype", f"must be one of {', '.join(DTYPES)}")
+    concrete = [d for d in DTYPES if d != "auto"]
+    if f["dtype"] not in concrete:  # a card states the dtype its numbers were measured in, never auto
+        raise bad("dtype", f"must be one of {', '.join(concrete)}")
     if not (f["budget"] == "auto" or (isinstance(f["budget"], int) and f["budget"] >= 1)):
         raise bad("budget", "must be auto or a positive integer")
     if not isinstance(f["gamma"], (int, float)) or not 0 <= f["gamma"] < 1:

@@ -123,7 +123,9 @@ class SpotArgs:
     block_len: int | None = None  # defaults to the checkpoint config's block length
     gen_length: int | None = None  # upper bound on generated tokens; the task's max_gen_toks applies below it
     device: str = "cpu"
-    dtype: str = "float32"
+    # "auto": the checkpoint's dtype on CUDA, float32 elsewhere; resolved once the device is known
+    # (families.common.resolve_dtype), and the resolved name replaces it in the run's args.
+    dtype: str = "auto"
     batch_size: int | str = 1  # requests decoded together; "auto": sized from free memory at the first call
     max_batch_size: int | None = None  # cap for batch_size=auto
     trust_remote_code: bool = False
@@ -207,7 +209,7 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         args["gen_length"] = _as_int("gen_length", raw["gen_length"], 1)
     if raw.get("device") is not None:
         args["device"] = str(raw["device"])
-    dtype = str(raw.get("dtype", "float32")).replace("torch.", "")
+    dtype = str(raw.get("dtype", "auto")).replace("torch.", "")
     if dtype not in DTYPES:
         raise SpotArgError(f"spot-dlm: dtype={dtype!r} is not known; accepted: {', '.join(DTYPES)}")
     args["dtype"] = dtype

@@ -27,7 +27,7 @@ from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
-from lm_eval_spot.loading import load_target
+from lm_eval_spot.loading import load_target, with_concrete_dtype
 from lm_eval_spot.methods import build_proposer
 from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary
 from lm_eval_spot.request_cache import RequestCache, fingerprint, folder_identity
@@ -79,6 +79,9 @@ class SpotDLM(LM):
         self._rank, self._world_size = self.ranks.rank, self.ranks.world_size
         if rank_device(self.args.device, self.ranks) != self.args.device:
             self.args = replace(self.args, device=rank_device(self.args.device, self.ranks))
+        # dtype=auto becomes the dtype it names on this device: the summary, the results and the request cache's
+        # fingerprint all read the resolved one.
+        self.args = with_concrete_dtype(self.args)
         loaded = load_target(self.args)
         self.adapter = loaded.adapter
         self.tokenizer = loaded.tokenizer
@@ -91,7 +94,7 @@ class SpotDLM(LM):
         log.info("spot-dlm: threads: %s", self.threads.reason)
         self.target = {"family": loaded.family, "impl": loaded.impl, "card": self.args.card,
                        "block_len": self.adapter.info.block_len, "mask_id": self.adapter.info.mask_id,
-                       "stop_ids": sorted(self.adapter.info.stop_ids)}
+                       "stop_ids": sorted(self.adapter.info.stop_ids), "dtype": self.args.dtype}
         self.base_seed = self.args.seed if self.args.seed is not None else int(torch.initial_seed())
         self.oracle = self.args.mode == "oracle"
         choice = build_proposer(self.args, self.adapter)

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from lm_eval_spot.families import load_target
-from lm_eval_spot.families.common import LoadedTarget, resolve_device
+from lm_eval_spot.families.common import LoadedTarget, resolve_device, with_concrete_dtype
 
-__all__ = ["LoadedTarget", "load_target", "resolve_device"]
+__all__ = ["LoadedTarget", "load_target", "resolve_device", "with_concrete_dtype"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from lm_eval_spot.config import SpotArgError, SpotArgs
 from lm_eval_spot.families import dream, hf_causal, llada, llada2, sdar
-from lm_eval_spot.families.common import LoadedTarget, read_config
+from lm_eval_spot.families.common import LoadedTarget, read_config, with_concrete_dtype
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,13 @@ def load_target(args: SpotArgs) -> LoadedTarget:
     """Load `args.pretrained` through its family; every interface fact comes from the checkpoint, its card or
     the model args."""
     cfg = read_config(args.pretrained)
+    args = with_concrete_dtype(args, cfg)
     fam, impl = resolve(args, cfg)
     loaded = fam.module.load(args, cfg, impl)
     info = loaded.adapter.info
     from lm_eval_spot.families.common import log
 
-    log.info("loaded target %s: family=%s impl=%s block_len=%d mask_id=%d stop_ids=%s device=%s", args.pretrained,
-             fam.name, impl, info.block_len, info.mask_id, sorted(info.stop_ids), loaded.adapter.device)
+    log.info("loaded target %s: family=%s impl=%s block_len=%d mask_id=%d stop_ids=%s device=%s dtype=%s",
+             args.pretrained, fam.name, impl, info.block_len, info.mask_id, sorted(info.stop_ids),
+             loaded.adapter.device, args.dtype)
     return loaded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,36 @@ def resolve_device(requested: str) -> torch.device:
     return dev
 
 
-def torch_dtype(args: SpotArgs) -> torch.dtype | str:
-    return "auto" if args.dtype == "auto" else DTYPES[args.dtype]
+def resolve_dtype(requested: str, device_type: str, cfg: dict[str, Any]) -> tuple[str, str]:
+    """The concrete dtype a run uses, and why. An explicit dtype wins. `auto`: on CUDA the dtype the checkpoint
+    states (config.json `torch_dtype`, or `dtype` as transformers 5 writes it); float32 on any other device (CPU
+    matmuls in half precision are slow or emulated) and wherever the checkpoint states no dtype it knows."""
+    if requested != "auto":
+        return requested, "given"
+    if device_type != "cuda":
+        return "float32", f"dtype=auto on {device_type}"
+    stated = cfg.get("torch_dtype") or cfg.get("dtype")
+    name = str(stated).replace("torch.", "") if stated is not None else None
+    if name in DTYPES:
+        return name, f"dtype=auto on cuda: the checkpoint's config.json states {name}"
+    return "float32", f"dtype=auto on cuda: the checkpoint's config.json states {stated!r}, not a dtype it can run in"
+
+
+def with_concrete_dtype(args: SpotArgs, cfg: dict[str, Any] | None = None) -> SpotArgs:
+    """`args` with dtype=auto resolved for its device (`resolve_dtype`), logged once; unchanged otherwise."""
+    if args.dtype != "auto":
+        return args
+    name, why = resolve_dtype(args.dtype, resolve_device(args.device).type,
+                              cfg if cfg is not None else read_config(args.pretrained))
+    log.info("spot-dlm: dtype %s (%s)", name, why)
+    return replace(args, dtype=name)
+
+
+def torch_dtype(args: SpotArgs) -> torch.dtype:
+    """The loaded weights' dtype: concrete by now (`with_concrete_dtype` runs before any family loads)."""
+    if args.dtype not in DTYPES:
+        raise ValueError(f"dtype={args.dtype!r} reached a loader unresolved; resolve it with with_concrete_dtype")
+    return DTYPES[args.dtype]
 
 
 # Files one of which every tokenizer folder has (fast tokenizers, their config, BPE and sentencepiece vocabularies).

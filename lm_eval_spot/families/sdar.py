@@ -99,7 +99,8 @@ def _load_remote(args: SpotArgs) -> torch.nn.Module:
     if common.resolve_device(args.device).type == "cuda" and args.dtype == "float32":
         raise SpotArgError(
             "spot-dlm: SDAR's remote code attends through flash_attn_func on CUDA, which takes float16 / bfloat16 "
-            "only; pass dtype=bfloat16 (or impl=native, which runs any dtype)"
+            "only; pass dtype=bfloat16 (dtype=auto gives float32 when the checkpoint states no half dtype), or "
+            "impl=native, which runs any dtype"
         )
     alias_loss_kwargs()
     return AutoModelForCausalLM.from_pretrained(args.pretrained, dtype=common.torch_dtype(args),
