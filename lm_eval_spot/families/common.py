@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -309,3 +311,16 @@ def load_native_weights(cls: Any, args: SpotArgs, config: Any, family: str,
         raise SpotArgError(f"spot-dlm: {family} weights do not map onto {cls.__name__} one to one ({detail}); "
                            "use impl=remote")
     return model
+
+
+@contextmanager
+def head_sees_only(final_norm: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
+    """While open, `final_norm` (the last module before an official forward's LM head, run once per forward) hands
+    on only the positions `keep` (dim 1), so the head computes [B, len(keep), V] logits, not the whole canvas's:
+    for official forwards that take no index of positions to keep. The norm is per position, so nothing else
+    changes."""
+    handle = final_norm.register_forward_hook(lambda _module, _args, out: out[:, keep])
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -48,12 +48,15 @@ def qwen2_config(cfg: dict[str, Any]) -> Any:
 
 
 class DreamRemote:
-    """The official forward as `diffusion_generate` calls it: the whole canvas, `attention_mask="full"`."""
+    """The official forward as `diffusion_generate` calls it: the whole canvas, `attention_mask="full"`. Only the
+    kept positions reach `lm_head`: its `num_logits_to_keep` keeps a suffix only (the block has masks after it), so
+    the backbone's final norm `model.norm` hands on the kept positions instead."""
 
     shifted = True
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        return model(ids, attention_mask="full").logits[:, keep]
+        with common.head_sees_only(model.model.norm, keep):
+            return model(ids, attention_mask="full").logits
 
 
 def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:

@@ -75,12 +75,15 @@ def llama_config(cfg: dict[str, Any]) -> Any:
 
 
 class LLaDARemote:
-    """The official forward: the whole canvas, no mask (it is ignored anyway), no positions, no cache."""
+    """The official forward: the whole canvas, no mask (it is ignored anyway), no positions, no cache. Only the kept
+    positions reach the head: it takes no logits_to_keep, and its head (`ff_out`, or the tied `wte`, then
+    `scale_logits`) runs inside `LLaDAModel.forward` right after the final norm `transformer.ln_f`."""
 
     shifted = False
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        return model(ids).logits[:, keep]
+        with common.head_sees_only(model.model.transformer.ln_f, keep):
+            return model(ids).logits
 
 
 def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
