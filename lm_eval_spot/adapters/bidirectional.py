@@ -24,6 +24,7 @@ import torch
 
 from lm_eval_spot.adapters.base import NFECounter, TargetInfo
 from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, use_prefix_attention
+from lm_eval_spot.decoding.transfer import upload
 
 
 class CanvasProtocol(Protocol):
@@ -37,10 +38,10 @@ class CanvasProtocol(Protocol):
         ...
 
 
-def raw_positions(block_start: int, L: int, shifted: bool) -> torch.Tensor:
+def raw_positions(block_start: int, L: int, shifted: bool, device: torch.device | None = None) -> torch.Tensor:
     """Raw output positions holding the predictions for the block's L slots (Dream's first position predicts
     itself from position 0, as its official generation does)."""
-    slots = torch.arange(block_start, block_start + L)
+    slots = torch.arange(block_start, block_start + L, device=device)
     return (slots - 1).clamp(min=0) if shifted else slots
 
 
@@ -52,6 +53,7 @@ class BidirectionalSession:
         self.canvas_len = len(prompt) + -(-gen_length // L) * L
         self.nfe = NFECounter()
         self._kv: KV | None = None  # approx mode: the active block's cached prefix
+        self.device_states: torch.Tensor | None = None  # the last forward's state rows [R, L], on the device
         self._mask_logits: torch.Tensor | None = None  # approx mode: the all-mask state's logits (full forward)
 
     @property
@@ -72,52 +74,56 @@ class BidirectionalSession:
         R, L = states.shape
         if L != ad.info.block_len:
             raise ValueError(f"states must have block length {ad.info.block_len}, got {L}")
-        keep = raw_positions(self.block_start, L, ad.protocol.shifted)
+        # Kept positions are made on the device (from sizes: nothing to upload); the canvas goes up in one copy.
+        keep = raw_positions(self.block_start, L, ad.protocol.shifted, ad.device)
+        canvas = upload(self._canvas(states), device=ad.device)[0]
+        self.device_states = canvas[:, self.block_start : self.block_start + L]
         if ad.cache == "none":
             with torch.no_grad():
-                out = ad.protocol.forward(ad.model, self._canvas(states).to(ad.device), keep.to(ad.device))
+                out = ad.protocol.forward(ad.model, canvas, keep)
             self.nfe.rounds += 1
             return out.float()
-        return self._approx(states, keep)
+        return self._approx(states, canvas, keep)
 
-    def _approx(self, states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def _approx(self, states: torch.Tensor, canvas: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         ad = self._adapter
-        R, L = states.shape
-        all_mask = (states == ad.info.mask_id).all(dim=1)
+        all_mask = (states == ad.info.mask_id).all(dim=1).tolist()  # host states: no device read
         built_now = self._kv is None
         if built_now:
-            self._build_cache()
-        rest = (~all_mask).nonzero().flatten()
-        out = torch.empty(R, L, ad.info.vocab_size, device=ad.device)
-        out[all_mask.to(ad.device)] = self._mask_logits.expand(int(all_mask.sum()), -1, -1)
-        if len(rest):
-            out[rest.to(ad.device)] = ad.cached_forward(self._canvas(states[rest]), self._kv, keep)
+            self._build_cache(canvas)
+        rest = [i for i, m in enumerate(all_mask) if not m]
+        # Rows picked by host ints (views), not by an index tensor that would have to go up.
+        rest_out = iter(ad.cached_forward(torch.stack([canvas[i] for i in rest]), self._kv, keep) if rest else [])
+        assert self._mask_logits is not None
+        out = torch.stack([self._mask_logits[0] if m else next(rest_out) for m in all_mask])
         # One NFE per call; a cache build that needed a forward of its own on top is a `store` forward.
         self.nfe.rounds += 1
         if built_now and len(rest):
             self.nfe.store += 1
         return out
 
-    def _build_cache(self) -> None:
+    def _build_cache(self, canvas: torch.Tensor) -> None:
+        """canvas: the round's canvases on the device; the block's all-mask canvas is row 0's with the block
+        masked (made there, not uploaded)."""
         ad = self._adapter
         L = ad.info.block_len
-        masks = torch.full((1, L), ad.info.mask_id, dtype=torch.long)
-        keep = raw_positions(self.block_start, L, ad.protocol.shifted)
-        self._kv, self._mask_logits = ad.full_forward_with_cache(self._canvas(masks), ad.cached_len(self.block_start),
-                                                                 keep)
+        masks = canvas[:1].clone()
+        masks[:, self.block_start : self.block_start + L] = ad.info.mask_id
+        keep = raw_positions(self.block_start, L, ad.protocol.shifted, ad.device)
+        self._kv, self._mask_logits = ad.full_forward_with_cache(masks, ad.cached_len(self.block_start), keep)
 
     def full_logits(self, states: torch.Tensor) -> torch.Tensor:
         """Reference: the whole canvas recomputed (what exact mode's `block_logits` is; what `cache=approx`
         approximates). Counts no NFE: it is for checks, not decoding."""
         ad = self._adapter
-        keep = raw_positions(self.block_start, ad.info.block_len, ad.protocol.shifted)
+        keep = raw_positions(self.block_start, ad.info.block_len, ad.protocol.shifted, ad.device)
         if ad.cache == "approx":  # the project's attention function serves whole canvases too (no PrefixPass)
             N = self.canvas_len
             zeros = torch.zeros(N, N, dtype=ad.dtype, device=ad.device)
             return ad._run(self._canvas(states), torch.arange(N).expand(states.shape[0], -1),
                            PrefixPass([(0, states.shape[0], None)], zeros, kernel=ad.kernel, dense=True), keep)
         with torch.no_grad():
-            return ad.protocol.forward(ad.model, self._canvas(states).to(ad.device), keep.to(ad.device)).float()
+            return ad.protocol.forward(ad.model, self._canvas(states).to(ad.device), keep).float()
 
     def commit_block(self, block: torch.Tensor) -> None:
         if block.shape[0] != self._adapter.info.block_len:
@@ -159,6 +165,7 @@ class BidirectionalAdapter:
         return block_start - 1 if self.protocol.shifted and block_start > 0 else block_start
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, pp: PrefixPass, keep: torch.Tensor) -> torch.Tensor:
+        """ids/positions/keep: on the device (or host tensors, moved: reference paths only)."""
         with torch.no_grad():
             out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
                              attention_mask={"full_attention": None, "sliding_attention": None}, use_cache=False,
@@ -170,7 +177,7 @@ class BidirectionalAdapter:
         N = canvas.shape[1]
         zeros = torch.zeros(N, N, dtype=self.dtype, device=self.device)  # every position sees every other
         pp = PrefixPass([(0, 1, None)], zeros, record=n_cache, kernel=self.kernel, dense=True)
-        logits = self._run(canvas, torch.arange(N)[None], pp, keep)
+        logits = self._run(canvas, torch.arange(N, device=self.device)[None], pp, keep)
         kv = [(pp.recorded[i][0].clone(), pp.recorded[i][1].clone()) for i in sorted(pp.recorded)]
         return kv, logits  # kv == [] when nothing precedes the block
 
@@ -180,7 +187,7 @@ class BidirectionalAdapter:
         R, N = canvas.shape
         zeros = torch.zeros(N - c, N - c, dtype=self.dtype, device=self.device)
         pp = PrefixPass([(0, R, kv or None)], zeros, kernel=self.kernel, dense=True)
-        return self._run(canvas[:, c:], torch.arange(c, N).expand(R, -1), pp, keep - c)
+        return self._run(canvas[:, c:], torch.arange(c, N, device=self.device).expand(R, -1), pp, keep - c)
 
 
 

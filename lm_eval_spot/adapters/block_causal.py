@@ -15,6 +15,7 @@ import torch
 
 from lm_eval_spot.adapters.base import NFECounter, TargetInfo
 from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, use_prefix_attention
+from lm_eval_spot.decoding.transfer import upload
 from lm_eval_spot.masks import allowed_to_additive, block_causal_allowed
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ class BlockCausalSession:
         self._len = 0  # cached positions
         self._pending = list(pending)  # complete blocks after the cache, not yet forwarded
         self.nfe = NFECounter()
+        # The last forward's state rows [R, L] as uploaded (on the device): the loop derives its eligibility
+        # masks from them instead of uploading its own.
+        self.device_states: torch.Tensor | None = None
 
     @property
     def block_start(self) -> int:
@@ -86,13 +90,17 @@ class BlockCausalSession:
             nxt = torch.full((1, L), self._adapter.info.mask_id, dtype=torch.long)
             ids = torch.cat([ids, torch.cat([pending[None], nxt], 1)])
             pos = torch.cat([pos, torch.cat([pend_pos, self.block_start + L + torch.arange(L)])[None]])
-        allowed_new = torch.ones(P + L, P + L, dtype=torch.bool)
-        allowed_new[:P, :P] = block_causal_allowed(pend_pos, pend_pos, L)
+        # The mask is built where it is used (from sizes alone: nothing to upload).
+        dev = self._adapter.device
+        allowed_new = torch.ones(P + L, P + L, dtype=torch.bool, device=dev)
+        pend_dev = torch.arange(self._len, self._len + P, device=dev)
+        allowed_new[:P, :P] = block_causal_allowed(pend_dev, pend_dev, L)
         allowed_new[:P, P:] = False
-        mask = allowed_to_additive(allowed_new, self._adapter.dtype)[0].to(self._adapter.device)
+        mask = allowed_to_additive(allowed_new, self._adapter.dtype)[0]
         pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, record=P, ahead=None if ahead is None else (ahead, L),
                         kernel=self._adapter.kernel, dense=P == 0)
-        logits = self._adapter._run(ids, pos, pp, L)
+        logits, ids_dev = self._adapter._run(ids, pos, pp, L)
+        self.device_states = ids_dev[:R, P:]
         if P:
             self._store(pp)
         self.nfe.rounds += 1
@@ -121,7 +129,9 @@ class BlockCausalSession:
         mask = torch.zeros(L, L, dtype=self._adapter.dtype, device=dev)  # bidirectional inside a block
         pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, pending_row=True,
                         ahead=None if ahead is None else (ahead + 1, L), kernel=self._adapter.kernel, dense=True)
-        logits = self._adapter._run(ids, pos, pp, L)[1:]
+        logits, ids_dev = self._adapter._run(ids, pos, pp, L)
+        logits = logits[1:]
+        self.device_states = ids_dev[1 : R + 1]
         self._store(pp)
         self.nfe.rounds += 1
         return logits
@@ -177,26 +187,30 @@ class BlockCausalAdapter:
                 pos.append((session.block_start + torch.arange(L)).expand(R, -1))
                 a += R
             mask = torch.zeros(L, L, dtype=self.dtype, device=self.device)  # bidirectional inside the block
-            logits = self._run(torch.cat(ids), torch.cat(pos), PrefixPass(segments, mask, kernel=self.kernel, dense=True), L)
+            pp = PrefixPass(segments, mask, kernel=self.kernel, dense=True)
+            logits, ids_dev = self._run(torch.cat(ids), torch.cat(pos), pp, L)
             for (first, end, _), i in zip(segments, shared, strict=True):
                 items[i][0].nfe.rounds += 1
+                items[i][0].device_states = ids_dev[first:end]
                 out[i] = logits[first:end]
         return [o for o in out if o is not None]
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, pp: PrefixPass, keep: int) -> torch.Tensor:
-        """One forward of ids [B, N] at positions [B, N] with prefix attention; logits [B, keep, V] float32."""
-        dev = self.device
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, pp: PrefixPass, keep: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of host ids [B, N] at positions [B, N] with prefix attention (both uploaded in one copy)
+        -> (logits [B, keep, V] float32, the ids on the device)."""
+        ids_dev, pos_dev = upload(ids.long(), positions.long(), device=self.device)
         with torch.no_grad():
             out = self.model(
-                input_ids=ids.to(dev),
-                position_ids=positions.to(dev),
+                input_ids=ids_dev,
+                position_ids=pos_dev,
                 # A per-layer-type mapping skips transformers' mask construction: masking is PrefixPass's job.
                 attention_mask={"full_attention": None, "sliding_attention": None},
                 use_cache=False,
                 logits_to_keep=keep,
                 spot_prefix=pp,
             )
-        return out.logits.float()
+        return out.logits.float(), ids_dev
 
     def full_logits(self, prefix_ids: list[int], states: torch.Tensor) -> torch.Tensor:
         """Reference: the active block's logits from ONE cache-free forward over [prefix ; state] per row with an

@@ -21,6 +21,7 @@ import torch
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalSession
 from lm_eval_spot.adapters.prefix_attention import KV
+from lm_eval_spot.decoding.transfer import upload
 from lm_eval_spot.masks import block_causal_allowed
 
 
@@ -28,10 +29,11 @@ class CacheProtocol(Protocol):
     """How one family's official forward takes a mask, positions and a cache."""
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
-                cache: Any, store: bool) -> torch.Tensor:
+                cache: Any, store: bool, keep: int) -> torch.Tensor:
         """ids/positions [B, N]; allowed: bool [B, N, K] (True = may attend; K = cached + N keys); cache: a
         transformers DynamicCache holding the prefix (or None for a cache-free full forward); store: the caller
-        wants the new keys appended to `cache`. Returns logits [B, N, V] (any float dtype)."""
+        wants the new keys appended to `cache`. Returns logits [B, keep, V] of the LAST `keep` positions (any float
+        dtype): only those reach the LM head."""
         ...
 
 
@@ -61,14 +63,15 @@ class RemoteBlockCausalSession(BlockCausalSession):
     # The official attention code takes no extra keys for a row, so there is no lookahead row here.
     block_logits_ahead = None
 
-    def allowed(self, P: int, L: int) -> torch.Tensor:
+    def allowed(self, P: int, L: int, device: torch.device | None = None) -> torch.Tensor:
         """Bool [P + L, cached + P + L]: every new token sees the whole cached prefix; pending blocks see each
-        other block-causally and not the active block; the active block sees everything (itself bidirectionally)."""
-        new_pos = torch.arange(self._len, self._len + P + L)
-        new = torch.ones(P + L, P + L, dtype=torch.bool)
+        other block-causally and not the active block; the active block sees everything (itself bidirectionally).
+        Made on `device` from sizes alone (nothing to upload)."""
+        new_pos = torch.arange(self._len, self._len + P + L, device=device)
+        new = torch.ones(P + L, P + L, dtype=torch.bool, device=device)
         new[:P, :P] = block_causal_allowed(new_pos[:P], new_pos[:P], L)
         new[:P, P:] = False
-        return torch.cat([torch.ones(P + L, self._len, dtype=torch.bool), new], dim=1)
+        return torch.cat([torch.ones(P + L, self._len, dtype=torch.bool, device=device), new], dim=1)
 
     def block_logits(self, states: torch.Tensor) -> torch.Tensor:
         ad = self._adapter
@@ -77,17 +80,18 @@ class RemoteBlockCausalSession(BlockCausalSession):
             raise ValueError(f"states must have block length {ad.info.block_len}, got {L}")
         P = len(self._pending)
         pending = torch.tensor(self._pending, dtype=torch.long)
-        ids = torch.cat([pending.expand(R, P), states.long()], dim=1).to(ad.device)
+        ids = upload(torch.cat([pending.expand(R, P), states.long()], dim=1), device=ad.device)[0]
+        self.device_states = ids[:, P:]
         pos = torch.arange(self._len, self._len + P + L, device=ad.device).expand(R, -1)
-        allowed = self.allowed(P, L).to(ad.device).expand(R, -1, -1)
+        allowed = self.allowed(P, L, ad.device).expand(R, -1, -1)
         cache = make_cache(self._kv, R)
         with torch.no_grad():
-            logits = ad.protocol.forward(ad.model, ids, pos, allowed, cache, store=P > 0)
+            logits = ad.protocol.forward(ad.model, ids, pos, allowed, cache, store=P > 0, keep=L)
         if P:
             self._kv = cache_kv(cache, self._len + P)
             self._len, self._pending = self._len + P, []
         self.nfe.rounds += 1
-        return logits[:, P:].float()
+        return logits.float()
 
 class RemoteBlockCausalAdapter:
     """Adapter over an official remote-code block-causal model (grid origin zero, exact prefix cache). Requests
@@ -119,4 +123,4 @@ class RemoteBlockCausalAdapter:
         p = torch.arange(n)
         allowed = block_causal_allowed(p, p, L).to(self.device).expand(R, -1, -1)
         with torch.no_grad():
-            return self.protocol.forward(self.model, ids, pos, allowed, None, store=False)[:, -L:].float()
+            return self.protocol.forward(self.model, ids, pos, allowed, None, store=False, keep=L).float()

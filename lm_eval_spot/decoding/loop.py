@@ -19,7 +19,7 @@ from lm_eval_spot.decoding.observe import PendingCommits
 from lm_eval_spot.decoding.noise import gumbel_rows, mix_seed
 from lm_eval_spot.decoding.proposer import Proposer, RoundContext, RoundRun
 from lm_eval_spot.decoding.stale import Stale, summarize
-from lm_eval_spot.decoding.transfer import HostLink, sync
+from lm_eval_spot.decoding.transfer import DeviceClock, HostLink, upload
 from lm_eval_spot.decoding.rejection import proposal_probs, rejection_verify, sample_chain_tokens
 from lm_eval_spot.decoding.transition import transition
 from lm_eval_spot.decoding.tree import DraftTree, accepted_path, compile_states
@@ -154,6 +154,20 @@ def _under_lead(tree: DraftTree, lead: tuple[int, int], budget: int | None) -> D
     return DraftTree(parent, ((lead[0],) + tree.pos)[:keep], ((lead[1],) + tree.tok)[:keep])
 
 
+def _lead(stale: Stale, eligible: torch.Tensor, temp: float) -> tuple[int, int] | None:
+    """The target's own transition at the root, read off the summary of lookahead logits (the root's own, up to
+    float rounding): drafted as the tree's first edge, with the proposer's tree grown below it. The proposer then
+    sees what it sees in every other round: a state one commit past the state its stale conditionals are of.
+    The summary holds what the transition reads (each slot's clean confidence, its argmax and at T > 0 its coupled
+    draw, in the same arithmetic), so the lead costs no device read of its own."""
+    if not bool(eligible.any()):
+        return None
+    conf = stale.confidence.masked_fill(~eligible, -1.0)
+    pos = int(conf.argmax())  # the first maximum: the lowest-index tie-break, as `transition`
+    tok = stale.draw_tok if temp > 0 and stale.draw_tok is not None else stale.top_ids[:, 0]
+    return pos, int(tok[pos])
+
+
 def run_round(req: RequestDecode, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The target forward of one request's round: logits of `states`, and the lookahead logits when it asked."""
     if req.ahead_row is None:
@@ -194,6 +208,7 @@ class RequestDecode:
         self.dev = adapter.device
         self.session, self.tail = adapter.open(prompt_ids, cfg.max_gen_toks)
         self.link = HostLink()
+        self.clock = DeviceClock(self.dev)
         # Commits for the observer, summarised in batches (observe.PendingCommits).
         self.observed = PendingCommits(observer, self.link) if observer is not None else None
         self.timing = RoundTiming()
@@ -226,12 +241,15 @@ class RequestDecode:
         self.ahead_row: int | None = None  # the forward row holding this round's lookahead completion
         self._completion: torch.Tensor | None = None
         self._t_round = self._t_forward = 0.0
+        self._fwd_mark: object = None
         self._start_block()
 
     def _start_block(self) -> None:
         L, mask_id = self.adapter.info.block_len, self.adapter.info.mask_id
         abs_pos = self.session.block_start + torch.arange(L)
         self.window = (abs_pos >= self.gen_start) & (abs_pos < self.gen_end)
+        on_dev = self.session.block_start + torch.arange(L, device=self.dev)  # made there: nothing to upload
+        self.window_dev = (on_dev >= self.gen_start) & (on_dev < self.gen_end)
         self.state = torch.full((L,), mask_id, dtype=torch.long)
         if self.block == 0 and self.tail:
             self.state[: len(self.tail)] = torch.tensor(self.tail, dtype=torch.long)
@@ -271,7 +289,7 @@ class RequestDecode:
             temp, noise = (0.0, None) if self.rejection else (self.cfg.temperature, self.gumbel)
             src = self.stale_src
             stale = summarize(src[None], self.link, temp, noise)[0] if src is not None else None
-            lead = self._lead(eligible, temp, noise) if self._fresh and not self.rejection else None
+            lead = _lead(stale, eligible, temp) if self._fresh and not self.rejection and stale is not None else None
             base = self.state.clone()
             if lead is not None:
                 base[lead[0]] = lead[1]
@@ -292,19 +310,11 @@ class RequestDecode:
         rows = self._plan_lookahead(self._states, stale) if self._can_look else self._states
         self._rows = max(rows.shape[0], self.cfg.pad_rows)  # the forward's rows, padding included
         self._t_forward = time.perf_counter()
+        self._fwd_mark = self.clock.mark()
         pad = self.cfg.pad_rows - self._states.shape[0]
         if self.cfg.pad_rows and pad < 0:
             raise ValueError(f"a round drafted {tree.size} states: more than pad_rows={self.cfg.pad_rows} allows")
         return torch.cat([self._states, self._states[:1].expand(pad, -1)]) if pad > 0 else rows
-
-    def _lead(self, eligible: torch.Tensor, temp: float, noise: torch.Tensor | None) -> tuple[int, int] | None:
-        """The target's own transition at the root, read off lookahead logits (the root's own, up to float
-        rounding): drafted as the tree's first edge, with the proposer's tree grown below it. The proposer then
-        sees what it sees in every other round: a state one commit past the state its stale conditionals are of."""
-        assert self.stale_src is not None
-        pos, tok = transition(self.stale_src[None], eligible[None].to(self.dev), temp, noise)
-        p, t = int(pos[0]), int(tok[0])
-        return (p, t) if p >= 0 else None
 
     def _plan_lookahead(self, states: torch.Tensor, stale: Stale | None) -> torch.Tensor:
         """Pick this round's completion of the active block, if the round can finish it: the first state with the
@@ -342,26 +352,31 @@ class RequestDecode:
         logits = logits[: states.shape[0]]  # padding rows (batch invariance) carry nothing
         # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
         logits[..., mask_id] = float("-inf")
-        sync(dev)  # so the forward's time is not billed to the verification after it
+        fwd_end = self.clock.mark()  # the forward's device time is read after the transitions' copy below
         tv = time.perf_counter()
         node_eligible = (states == mask_id) & self.window
+        # The eligibility on the device, from the state rows the adapter uploaded (no copy of its own).
+        dstates = getattr(self.session, "device_states", None)
+        if dstates is not None and dstates.shape[0] >= states.shape[0]:
+            elig_dev = (dstates[: states.shape[0]] == mask_id) & self.window_dev
+        else:
+            elig_dev = upload(node_eligible, device=dev)[0]
         # NaN / inf anywhere in an eligible slot's row would pick its position and token silently: flag the rows.
-        bad_rows = (~torch.isfinite(logits.amax(dim=-1)) & node_eligible.to(dev)).any(dim=-1)
+        bad_rows = (~torch.isfinite(logits.amax(dim=-1)) & elig_dev).any(dim=-1)
         if self.rejection:
             if bool(bad_rows.any()):
                 raise NonFiniteLogitsError(self.block, self.rounds)
             rng = torch.Generator().manual_seed(mix_seed("verify", self.seed, self.block, self.rounds))
             q_rows = self._q if self._q is not None else logits.new_zeros(0, logits.shape[-1])
-            path, fpos, ftok = rejection_verify(tree, q_rows, logits, node_eligible.to(dev), cfg.temperature, rng,
-                                                self.link)
+            path, fpos, ftok = rejection_verify(tree, q_rows, logits, elig_dev, cfg.temperature, rng, self.link)
             tpos = torch.full((1 + tree.size,), -1, dtype=torch.long)
             ttok = tpos.clone()
             for a, b in zip([0, *path], path, strict=False):
                 tpos[a], ttok[a] = tree.pos[b - 1], tree.tok[b - 1]
             tpos[([0, *path])[-1]], ttok[([0, *path])[-1]] = fpos, ftok
         else:
-            pos_d, tok_d = transition(logits, node_eligible.to(dev), cfg.temperature, self.gumbel)
-            # The flag rides in the positions already sent to the host (-2 marks a bad row): no extra transfer.
+            pos_d, tok_d = transition(logits, elig_dev, cfg.temperature, self.gumbel)
+            # The flag rides in the positions (-2 marks a bad row); positions and tokens come back in one copy.
             tpos, ttok = self.link.pull(torch.where(bad_rows, torch.full_like(pos_d, -2), pos_d), tok_d)
             if bool((tpos == -2).any()):
                 raise NonFiniteLogitsError(self.block, self.rounds)
@@ -405,7 +420,11 @@ class RequestDecode:
                     self._carry = ahead
             self.ahead_row = self._completion = None
         t_end = time.perf_counter()
-        self.timing.add(draft=self._t_forward - self._t_round, forward=tv - self._t_forward, rest=t_end - tv)
+        # The forward's time between device marks (on a GPU: its kernels, read now that a copy has waited for
+        # them); the rest of the round's wall time is the host's work around it.
+        forward = self.clock.seconds(self._fwd_mark, fwd_end)
+        draft = self._t_forward - self._t_round
+        self.timing.add(draft=draft, forward=forward, rest=max(0.0, t_end - self._t_round - draft - forward))
         if self.timed:
             self.prev_round = RoundRun(self._rows, 1000 * (t_end - self._t_round), ahead_row, self._pending)
         self._check_stop()

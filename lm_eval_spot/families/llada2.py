@@ -29,11 +29,13 @@ class LLaDA2Protocol:
     passed is appended to (the caller's cache is a throw-away copy)."""
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
-                cache: Any, store: bool) -> torch.Tensor:
+                cache: Any, store: bool, keep: int) -> torch.Tensor:
         kw: dict[str, Any] = {"use_cache": False}
         if cache is not None:
             kw = {"past_key_values": cache, "use_cache": True}
-        return model(input_ids=ids, attention_mask=allowed.unsqueeze(1), position_ids=positions, **kw).logits
+        # Its forward takes no positions to keep: the final norm hands on only the last `keep` (head_sees_only).
+        with common.head_sees_only(model.model.norm, slice(-keep, None)):
+            return model(input_ids=ids, attention_mask=allowed.unsqueeze(1), position_ids=positions, **kw).logits
 
 
 def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:

@@ -111,11 +111,13 @@ class SDARProtocol:
     """SDAR's official forward: bool mask [B, 1, Q, K] (True = attend), absolute positions, store_kv."""
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
-                cache: Any, store: bool) -> torch.Tensor:
+                cache: Any, store: bool, keep: int) -> torch.Tensor:
         kw: dict[str, Any] = {"use_cache": False}
         if cache is not None:
             kw = {"past_key_values": cache, "use_cache": True, "store_kv": store}
-        return model(input_ids=ids, attention_mask=allowed.unsqueeze(1), position_ids=positions, **kw).logits
+        # Its forward takes logits_to_keep (an int keeps the last positions): the head sees only those.
+        return model(input_ids=ids, attention_mask=allowed.unsqueeze(1), position_ids=positions, logits_to_keep=keep,
+                     **kw).logits
 
 
 def load(args: SpotArgs, cfg: dict[str, Any], impl: str) -> common.LoadedTarget:
