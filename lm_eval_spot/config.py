@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,9 @@ class SpotArgs:
     # Folder that collects drafter training data from this run's own decoding (any mode, no extra forward):
     # python -m lm_eval_spot.drafter.train train --data FOLDER --out D fits a drafter for this target from it.
     drafter_data: str | None = None
+    # Where the drafter runs: the host by default on every device (its numpy fast path; its inputs are a few KB of
+    # stale summaries that the round brings to the host anyway), or a torch device name ("cuda:0") to override.
+    drafter_device: str = "cpu"
 
 
 def accepted_args() -> list[str]:
@@ -238,6 +242,12 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         args["graph"] = str(raw["graph"])
     if raw.get("drafter_data") not in (None, ""):
         args["drafter_data"] = str(raw["drafter_data"])
+    if raw.get("drafter_device") not in (None, ""):
+        name = str(raw["drafter_device"]).strip()
+        if not re.fullmatch(r"(cpu|cuda|mps|xpu|meta)(:\d+)?", name):
+            raise SpotArgError(f"spot-dlm: drafter_device={name!r} is not a torch device; accepted: cpu (the default), "
+                               "cuda, cuda:N, mps, xpu")
+        args["drafter_device"] = name
     verify = str(raw.get("verify", "coupled"))
     if verify not in VERIFIERS:
         raise SpotArgError(f"spot-dlm: verify={verify!r} is not known; accepted: {', '.join(VERIFIERS)}")

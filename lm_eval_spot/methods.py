@@ -81,8 +81,10 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> ProposerChoice:
         note = f"no shipped drafter fits this target ({why}); drafting with conf-tree at budget {budget}"
         log.warning("spot-dlm: %s: outputs stay exact, fewer drafts are accepted than with a learned drafter", note)
         return ProposerChoice(make_proposer(MethodSpec("conf-tree", budget)), None, note)
-    if drafter is not None:
-        drafter = drafter.to(adapter.device)  # the order model runs beside the target (its inputs are small)
+    if drafter is not None and args.drafter_device != "cpu":
+        # On the host (the default) the order model runs from its numpy tables, on the summaries the round already
+        # brought there: no transfer, no device call per tree level.
+        drafter = drafter.to(args.drafter_device)
     if args.budget == "auto":
         from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
 

@@ -113,3 +113,20 @@ def test_flat_saturated_rounds_have_mass_ties_that_the_order_key_breaks():
     grown = LevelWise(LearnedOrder(model), TreeConfig(budget=20)).grow(ctx)
     assert len(set(grown.mass)) <= grown.tree.size - 5 and grown.tree.size == 20
     assert max(grown.depth) >= 2
+
+
+def test_the_drafter_stays_on_the_host_whatever_the_target_device():
+    """build_proposer keeps the order model on the CPU (its numpy path) even when the target is elsewhere;
+    drafter_device= moves it."""
+    from types import SimpleNamespace
+
+    from lm_eval_spot.config import SpotArgError, parse_args
+    from lm_eval_spot.methods import build_proposer
+
+    target = SimpleNamespace(info=SimpleNamespace(block_len=32), device=torch.device("meta"))
+    default = build_proposer(parse_args({"mode": "spot"}), target).proposer
+    assert default.order.host is not None and default.order.model.device.type == "cpu"
+    moved = build_proposer(parse_args({"mode": "spot", "drafter_device": "meta"}), target).proposer
+    assert moved.order.host is None and moved.order.model.device.type == "meta"
+    with pytest.raises(SpotArgError, match="drafter_device"):
+        parse_args({"drafter_device": "gpu0"})
