@@ -29,7 +29,7 @@ import torch
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.decoding.stale import summarize
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.decoding.transfer import HostLink, sync
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.model import DrafterModel
 from lm_eval_spot.decoding.proposer import RoundContext
@@ -144,19 +144,26 @@ def measure_costs(adapter: TargetAdapter, drafter: DrafterModel, max_budget: int
     d_samples: dict[int, list[float]] = {n: [] for n in nodes}
     p_samples: list[float] = []
     with torch.no_grad():
+        # On an accelerator calls return before their kernels finish: every timed call starts and ends with a
+        # synchronisation, so each figure is that call's own work (not the previous call's queue).
+        dev = adapter.device
         for _ in range(repeats):  # interleaved, so drift hits every size alike
             for r in replicas:
+                sync(dev)
                 t0 = time.perf_counter()
                 session.block_logits(block[None].repeat(r, 1))
+                sync(dev)
                 t_samples[r].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             prep = order.prepare(stale, committed, ~committed)
+            sync(dev)
             p_samples.append(time.perf_counter() - t0)
             for n in nodes:
                 maps = torch.zeros(n, L, dtype=torch.long)
                 maps[:, L // 2] = 1
                 t0 = time.perf_counter()
                 order.node_probs(prep, maps)
+                sync(dev)
                 d_samples[n].append(time.perf_counter() - t0)
     costs = CostModel(
         replicas,

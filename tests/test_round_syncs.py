@@ -101,3 +101,17 @@ def test_fixture_family_rounds(fam, impl, cache, spot, tmp_path):
     check(counts, spot)
     print(f"{fam} {impl} cache={cache} {'spot' if spot else 'control'}: at most "
           f"{max(u + d for u, d in counts)} crossings per round, plus {max(official)} in the official code")
+
+
+def test_round_time_parts_add_up_to_the_rounds():
+    """Drafting, forward (between device marks) and the rest split each round's wall time: they are positive and
+    their sum is within the request's wall time."""
+    from lm_eval_spot.decoding.loop import decode
+
+    ad = load_target(parse_args({"mode": "control"})).adapter
+    torch.manual_seed(0)
+    spot = SpotProposer(FactoredOrderModel(FactoredConfig()), TreeConfig(budget=8))
+    res = decode(ad, list(range(10, 40)), DecodeConfig(max_gen_toks=32, lookahead=True), 0, proposer=spot)
+    t = res.timing
+    assert t.forward > 0 and t.draft > 0 and t.rest >= 0
+    assert t.forward + t.draft + t.rest <= res.wall_s
