@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loaded = load_target(parse_args({"pretrained": args.target, "mode": "control", "device": args.device}))
     adapter, tok = loaded.adapter, loaded.tokenizer
     drafter_path = drafter_for(parse_args({"pretrained": args.target, "mode": "control", "drafter": args.drafter}))
-    drafter = load_drafter(drafter_path, adapter.info.block_len)[0].to(adapter.device)
+    drafter = load_drafter(drafter_path, adapter.info.block_len)[0]  # on the host, as in a run
     docs = TaskSource(args.tasks, args.n, eos=tok.eos_token).prompts
     prompts = [tok(d.context, add_special_tokens=False)["input_ids"] for d in docs]
     detok = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     source = TaskSource(args.tasks, args.n, chat, eos=tok.eos_token, include_path=args.include_path)
     L = adapter.info.block_len
     drafter_path = drafter_for(parse_args({**model_args, "mode": "control", "drafter": args.drafter}))
-    drafter = load_drafter(drafter_path, L)[0].to(adapter.device)
+    drafter = load_drafter(drafter_path, L)[0]  # on the host, as in a run (drafter_device=cpu)
     graph = RankGraph.load(Path(args.graph or default_graph_path()))
     proposers: dict[tuple[str, int | str], Any] = {}
     for m in args.methods:
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 proposers[(m, D)] = make_proposer(MethodSpec(m, D, args.gamma), drafter, graph)
     # Other drafters side by side with the main one (rows "spot@NAME", "spot-gamma@NAME"): paired in one run.
     for name, path in args.drafters:
-        other = load_drafter(Path(path), L)[0].to(adapter.device)
+        other = load_drafter(Path(path), L)[0]
         for m in ("spot", "spot-gamma"):
             if m in args.methods:
                 for D in args.budgets:

@@ -117,6 +117,41 @@ def forward_curve(adapter: BlockCausalAdapter, prompt: list[int], rs: list[int],
     return times, peak
 
 
+def host_peak_mib(fn: Any) -> float:
+    """Peak of torch's CPU allocations while `fn()` runs, above what was allocated before it (MiB), from the
+    profiler's allocation records (RSS would hide it behind the allocator's caches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    current = peak = 0
+    for ev in sorted(prof.events(), key=lambda e: e.time_range.start):
+        current += ev.self_cpu_memory_usage
+        peak = max(peak, current)
+    return peak / 2**20
+
+
+def memory_table(adapter: BlockCausalAdapter, prompt: list[int], rs: tuple[int, ...] = (1, 9, 21)
+                 ) -> dict[str, dict[int, float]]:
+    """Peak memory (MiB) of one forward of R replicas after the prompt's prefix, for the fused and the reference
+    shared-prefix attention on the same model: what grows with R beyond the R-proportional activations (logits
+    R x L x V included) is the reference path's R x L x prefix score tensor."""
+    L = adapter.info.block_len
+    out: dict[str, dict[int, float]] = {}
+    for attention in ("reference", "fused"):
+        ad = make_adapter(adapter.model, L, attention)
+        session, _ = ad.open(prompt)
+        block = torch.full((L,), ad.info.mask_id, dtype=torch.long)
+        block[: L // 2] = 7
+        session.block_logits(block[None])  # stores the prefix
+        out[attention] = {}
+        for r in rs:
+            rows = block[None].repeat(r, 1)
+            with torch.no_grad():
+                out[attention][r] = host_peak_mib(lambda rows=rows: session.block_logits(rows))
+    return out
+
+
 def batch_invariance(adapter: BlockCausalAdapter, prompt: list[int], rs: list[int], trials: int) -> dict[int, dict]:
     """For each R: a state's logits as row r of R replicas (the others random states) against the same state
     alone: the largest absolute difference, and how often the target's transition (position, token) differs."""
@@ -205,6 +240,10 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         out["forward_curve_s"], peak = forward_curve(adapter, prompt, list(range(1, 22)), args.repeats)
         if peak:
             out["forward_peak_mib"] = peak
+    if args.memory:
+        if adapter.device.type != "cpu":
+            raise SystemExit("--memory measures the CPU allocator (on CUDA, --curve reports forward_peak_mib)")
+        out["forward_peak_mib_cpu"] = memory_table(adapter, prompt)
     if args.invariance:
         out["batch_invariance"] = batch_invariance(adapter, prompt, list(range(1, args.invariance + 1)), args.trials)
     return out
@@ -396,6 +435,11 @@ def markdown(res: dict[str, Any]) -> str:
         lines += ["", "| R | " + " | ".join(str(k) for k in res["forward_curve_s"]) + " |",
                   "|---|" + "---|" * len(res["forward_curve_s"]),
                   "| t(R) ms | " + " | ".join(f"{1e3 * v:.1f}" for v in res["forward_curve_s"].values()) + " |"]
+    if "forward_peak_mib_cpu" in res:
+        mem = res["forward_peak_mib_cpu"]
+        rs = list(next(iter(mem.values())))
+        lines += ["", "| peak MiB of one forward | " + " | ".join(f"R={r}" for r in rs) + " |", "|---|" + "---|" * len(rs)]
+        lines += [f"| {att} | " + " | ".join(f"{v:.0f}" for v in row.values()) + " |" for att, row in mem.items()]
     return "\n".join(lines)
 
 
@@ -416,6 +460,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temps", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--curve", action="store_true", help="also time t(R) for R = 1..21")
+    ap.add_argument("--memory", action="store_true",
+                    help="CPU: peak memory of one forward at R = 1, 9, 21, fused and reference attention")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--invariance", type=int, default=0, metavar="MAX_R",
                     help="also measure batch-shape invariance for R = 1..MAX_R replicas")

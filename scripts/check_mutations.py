@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
          "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py",
-         "tests/test_auto_budget.py", "tests/test_fused_attention.py"]
+         "tests/test_auto_budget.py", "tests/test_fused_attention.py", "tests/test_round_syncs.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -47,7 +47,14 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("lookahead logits keep the mask token as a candidate", "lm_eval_spot/decoding/loop.py",
      '                    ahead[..., mask_id] = float("-inf")', "                    pass"),
     ("leading edge at the wrong slot", "lm_eval_spot/decoding/loop.py",
-     "        return (p, t) if p >= 0 else None", "        return ((p + 1) % eligible.shape[0], t) if p >= 0 else None"),
+     "    return pos, int(tok[pos])", "    return (pos + 1) % eligible.shape[0], int(tok[pos])"),
+    ("leading edge with the runner-up token", "lm_eval_spot/decoding/loop.py",
+     "else stale.top_ids[:, 0]\n    return pos", "else stale.top_ids[:, 1]\n    return pos"),
+    ("the round's eligibility goes up in a copy of its own", "lm_eval_spot/decoding/loop.py",
+     "        if dstates is not None and dstates.shape[0] >= states.shape[0]:", "        if False:"),
+    ("the stale summary comes down one tensor at a time", "lm_eval_spot/decoding/transfer.py",
+     "        if len(tensors) == 1:\n            return (tensors[0].cpu(),)",
+     "        if len(tensors) > 0:\n            return tuple(t.cpu() for t in tensors)"),
     ("a stop id wins over an earlier stop string passed in the same round", "lm_eval_spot/decoding/loop.py",
      "keep = self.stop_check(head) if self.stop_check is not None and head else None",
      "keep = None if cut is not None else (self.stop_check(head) if self.stop_check is not None and head else None)"),

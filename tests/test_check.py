@@ -86,12 +86,12 @@ def test_check_fails_on_an_adapter_that_inverts_the_mask(fixtures, tmp_path, mon
 
     real = sdar.SDARProtocol.forward
 
-    def additive_when_cached(self, model, ids, positions, allowed, cache, store):
+    def additive_when_cached(self, model, ids, positions, allowed, cache, store, keep):
         if cache is None:
-            return real(self, model, ids, positions, allowed, cache, store)
+            return real(self, model, ids, positions, allowed, cache, store, keep)
         additive = torch.zeros(allowed.shape, dtype=model.dtype).masked_fill(~allowed, float("-inf"))
         kw = {"past_key_values": cache, "use_cache": True, "store_kv": store}
-        return model(input_ids=ids, attention_mask=additive.unsqueeze(1), position_ids=positions, **kw).logits
+        return model(input_ids=ids, attention_mask=additive.unsqueeze(1), position_ids=positions, **kw).logits[:, -keep:]
 
     monkeypatch.setattr(sdar.SDARProtocol, "forward", additive_when_cached)
     code = check.main(["--model_args", f"pretrained={fixtures / 'sdar'},impl=remote,trust_remote_code=true",
