@@ -132,23 +132,33 @@ def host_peak_mib(fn: Any) -> float:
 
 
 def memory_table(adapter: BlockCausalAdapter, prompt: list[int], rs: tuple[int, ...] = (1, 9, 21)
-                 ) -> dict[str, dict[int, float]]:
-    """Peak memory (MiB) of one forward of R replicas after the prompt's prefix, for the fused and the reference
-    shared-prefix attention on the same model: what grows with R beyond the R-proportional activations (logits
-    R x L x V included) is the reference path's R x L x prefix score tensor."""
+                 ) -> dict[str, dict[str, dict[int, float]]]:
+    """Peak memory (MiB) at R replicas after the prompt's prefix, fused against reference shared-prefix attention
+    on the same model: of one whole forward (at a real vocabulary its R x L x V logits dominate) and of one
+    layer's attention alone (where the reference path's R x L x prefix scores show)."""
+    from lm_eval_spot.adapters.prefix_attention import PrefixPass
+
     L = adapter.info.block_len
-    out: dict[str, dict[int, float]] = {}
+    cfg = adapter.model.config
+    H, kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    out: dict[str, dict[str, dict[int, float]]] = {"forward": {}, "attention_layer": {}}
+    gen = torch.Generator().manual_seed(0)
     for attention in ("reference", "fused"):
         ad = make_adapter(adapter.model, L, attention)
         session, _ = ad.open(prompt)
         block = torch.full((L,), ad.info.mask_id, dtype=torch.long)
         block[: L // 2] = 7
         session.block_logits(block[None])  # stores the prefix
-        out[attention] = {}
+        out["forward"][attention], out["attention_layer"][attention] = {}, {}
         for r in rs:
             rows = block[None].repeat(r, 1)
             with torch.no_grad():
-                out[attention][r] = host_peak_mib(lambda rows=rows: session.block_logits(rows))
+                out["forward"][attention][r] = host_peak_mib(lambda rows=rows: session.block_logits(rows))
+            q, k, v = (torch.randn(r, n, L, d, generator=gen).to(ad.dtype) for n in (H, kvh, kvh))
+            pp = PrefixPass([(0, r, session.prefix_kv)], torch.zeros(L, L, dtype=ad.dtype), kernel=ad.kernel,
+                            dense=True)
+            out["attention_layer"][attention][r] = host_peak_mib(lambda pp=pp, q=q, k=k, v=v: pp.attend(0, q, k, v, d**-0.5))
     return out
 
 
@@ -436,10 +446,11 @@ def markdown(res: dict[str, Any]) -> str:
                   "|---|" + "---|" * len(res["forward_curve_s"]),
                   "| t(R) ms | " + " | ".join(f"{1e3 * v:.1f}" for v in res["forward_curve_s"].values()) + " |"]
     if "forward_peak_mib_cpu" in res:
-        mem = res["forward_peak_mib_cpu"]
-        rs = list(next(iter(mem.values())))
-        lines += ["", "| peak MiB of one forward | " + " | ".join(f"R={r}" for r in rs) + " |", "|---|" + "---|" * len(rs)]
-        lines += [f"| {att} | " + " | ".join(f"{v:.0f}" for v in row.values()) + " |" for att, row in mem.items()]
+        for what, mem in res["forward_peak_mib_cpu"].items():
+            rs = list(next(iter(mem.values())))
+            lines += ["", f"| peak MiB, {what.replace('_', ' ')} | " + " | ".join(f"R={r}" for r in rs) + " |",
+                      "|---|" + "---|" * len(rs)]
+            lines += [f"| {att} | " + " | ".join(f"{v:.1f}" for v in row.values()) + " |" for att, row in mem.items()]
     return "\n".join(lines)
 
 
