@@ -57,11 +57,15 @@ def _closure(names: list[str]) -> set[str]:
 def bare_site(folder: Path) -> Path:
     """Links to torch, its requirements and the pinned distributions (nothing else), as a fresh venv holds them."""
     folder.mkdir()
-    for name in _closure(["torch"]) | set(pins()):
+    pinned = pins()
+    for name in _closure(["torch"]) | set(pinned):
         try:
             dist = distribution(name)
         except PackageNotFoundError:
             pytest.skip(f"{name} is not installed here")
+        if name == "transformers" and dist.version.split(".")[0] != pinned[name].split(".")[0]:
+            # The transformers 5.x run: its hub client and requirements are not the ones the list pins.
+            pytest.skip(f"transformers {dist.version} is installed here, the list pins {pinned[name]}")
         tops = {Path(str(f)).parts[0] for f in dist.files or []} - {".."}
         for top in tops:
             src = Path(str(dist.locate_file(top)))
