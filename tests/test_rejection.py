@@ -37,7 +37,7 @@ def test_first_commit_follows_target_whatever_the_proposal(q_kind):
     for _ in range(n):
         x = int(torch.multinomial(q, 1, generator=gen))
         tree = DraftTree((0,), (pos,), (x,))
-        path, fpos, ftok = rejection_verify(tree, q[None], logits, eligible, 1.0, gen)
+        path, fpos, ftok, _ = rejection_verify(tree, q[None], logits, eligible, 1.0, gen)
         committed = x if path else ftok
         assert (fpos == 1) if not path else True
         counts[committed] += 1

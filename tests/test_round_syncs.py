@@ -115,3 +115,21 @@ def test_round_time_parts_add_up_to_the_rounds():
     t = res.timing
     assert t.forward > 0 and t.draft > 0 and t.rest >= 0
     assert t.forward + t.draft + t.rest <= res.wall_s
+
+
+def test_rejection_verifier_rounds():
+    """verify=rejection (chains, T > 0) draws its chain's tokens from q on the host's uniforms: two more copies
+    (uniforms up, tokens down) and the verifier's own pair, so at most 6 a round."""
+    ad = load_target(parse_args({"mode": "control"})).adapter
+    place(ad.model)
+    torch.manual_seed(0)
+    chain = SpotProposer(FactoredOrderModel(FactoredConfig()), TreeConfig(budget=8, chain=True))
+    counts = []
+    with DeviceEmulation() as emu:
+        req = RequestDecode(ad, list(range(10, 40)), DecodeConfig(max_gen_toks=32, temperature=1.0), 3,
+                            proposer=chain, verify="rejection")
+        emu.reset()
+        while (states := req.next_states()) is not None:
+            req.advance(*run_round(req, states))
+            counts.append(sum(emu.reset()))
+    assert max(counts) <= 6, counts

@@ -364,11 +364,12 @@ class RequestDecode:
         # NaN / inf anywhere in an eligible slot's row would pick its position and token silently: flag the rows.
         bad_rows = (~torch.isfinite(logits.amax(dim=-1)) & elig_dev).any(dim=-1)
         if self.rejection:
-            if bool(bad_rows.any()):
-                raise NonFiniteLogitsError(self.block, self.rounds)
             rng = torch.Generator().manual_seed(mix_seed("verify", self.seed, self.block, self.rounds))
             q_rows = self._q if self._q is not None else logits.new_zeros(0, logits.shape[-1])
-            path, fpos, ftok = rejection_verify(tree, q_rows, logits, elig_dev, cfg.temperature, rng, self.link)
+            path, fpos, ftok, bad = rejection_verify(tree, q_rows, logits, elig_dev, cfg.temperature, rng, self.link,
+                                                     bad_rows)
+            if bad:  # read in the verifier's one copy
+                raise NonFiniteLogitsError(self.block, self.rounds)
             tpos = torch.full((1 + tree.size,), -1, dtype=torch.long)
             ttok = tpos.clone()
             for a, b in zip([0, *path], path, strict=False):
