@@ -193,3 +193,36 @@ def test_fixture_families_fused_equal_reference(fam, tmp_path):
     worst, n = compare(ad, ref, list(range(10, 23)), 3, ahead=fam == "sdar")
     print(f"{fam} native: largest logit difference {worst:.2e}, transition flips {n}")
     assert n == 0 and worst < 1e-3
+
+
+@pytest.mark.parametrize("attention", ["fused", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_state_scored_in_a_blocks_first_round_equals_it_scored_later(attention, dtype):
+    """SPOT scores drafted states in a block's first round (the finished block riding along as a pending row);
+    control scores the same states in later rounds (the block stored). Exactness needs the two bit for bit."""
+    from lm_eval_spot.adapters.base import TargetInfo
+
+    from tiny import build_model
+
+    model = build_model(300, block_length=4, hidden=64).to(dtype)
+    ad = BlockCausalAdapter(model, TargetInfo(2, frozenset({1}), 4, "zero", True, 300), attention=attention)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(5, 300, (10,), generator=gen).tolist()
+    done = torch.randint(5, 300, (4,), generator=gen)
+    states = torch.full((5, 4), 2)
+    states[1:, 0] = torch.randint(5, 300, (4,), generator=gen)
+    states[2:, 1] = torch.randint(5, 300, (3,), generator=gen)
+    for with_ahead in (False, True):
+        first, tail = ad.open(prompt, 16)
+        later, _ = ad.open(prompt, 16)
+        for s in (first, later):
+            root = torch.full((1, 4), 2)
+            root[0, : len(tail)] = torch.tensor(tail)
+            s.block_logits(root)
+            s.commit_block(done)
+        ahead_states = states.clone()
+        ahead_states[4] = 7
+        got = first.block_logits_ahead(ahead_states, 4)[0][:4] if with_ahead else first.block_logits(states)
+        later.block_logits(states[:1])  # the block's first round with the root alone: the block is now stored
+        want = later.block_logits(states[1:])
+        assert torch.equal(got[1:4], want[:3]), (attention, dtype, with_ahead, float((got[1:4] - want[:3]).abs().max()))

@@ -110,9 +110,12 @@ class BlockCausalSession:
         """Append the pending blocks' keys and values, recorded by the forward just run, to the prefix cache."""
         if len(pp.recorded) != len(self._adapter.layers):
             raise RuntimeError("the model did not route attention through the shared-prefix function")
-        new = [pp.recorded[i] for i in self._adapter.layers]
-        self._kv = [(torch.cat([k0, k1], -2), torch.cat([v0, v1], -2)) for (k0, v0), (k1, v1) in
-                    zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
+        if len(pp.extended) == len(self._adapter.layers):  # the forward already built the extended prefix
+            self._kv = [pp.extended[i] for i in self._adapter.layers]
+        else:
+            new = [pp.recorded[i] for i in self._adapter.layers]
+            self._kv = [(torch.cat([k0, k1], -2), torch.cat([v0, v1], -2)) for (k0, v0), (k1, v1) in
+                        zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
         self._len, self._pending = self._len + len(self._pending), []
 
     def _forward_pending_row(self, states: torch.Tensor, ahead: int | None) -> torch.Tensor:

@@ -50,6 +50,8 @@ class PrefixPass:
     new_mask: torch.Tensor  # [N, N] additive (0 = attend), in the model's dtype, on its device
     record: int = 0
     recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # pending_row, fused path: per layer the prefix extended by the pending block (the session's next cache).
+    extended: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # (row holding a completion of the active block, its block length): the last row is the next block, which
     # also attends that row's last `block` keys. Only in a one-request forward.
     ahead: tuple[int, int] | None = None
@@ -85,9 +87,19 @@ class PrefixPass:
         R, N = q.shape[0], q.shape[2]
         extra: list[tuple[int, int, int, torch.Tensor, torch.Tensor]] = []
         if self.pending_row:
-            # Row 0 is the pending block; every later row reads its keys after the prefix, as once it is stored.
+            # Row 0 is the pending block. Every later row reads [prefix ; pending block] as ONE key set: the keys,
+            # and the call, that the block's later rounds read from the stored prefix, so a state scored here (a
+            # drafted state) gets the logits control gets for it in a later round, bit for bit. The extended
+            # prefix is the new cache (`extended`): it is built once either way.
             self.recorded[layer] = (k[:1], v[:1])
-            extra.append((1, R, 0, k[:1], v[:1]))
+            ext = ((torch.cat([kv[0], k[:1]], -2), torch.cat([kv[1], v[:1]], -2)) if kv is not None
+                   else (k[:1].clone(), v[:1].clone()))
+            self.extended[layer] = ext
+            head = self._cascade(kv, q[:1], k[:1], v[:1], scaling, [])
+            if self.ahead is not None:
+                a, L = self.ahead
+                extra.append((R - 2, R - 1, N - L, k[a : a + 1, :, -L:], v[a : a + 1, :, -L:]))
+            return torch.cat([head, self._cascade(ext, q[1:], k[1:], v[1:], scaling, extra)], dim=0)
         if self.ahead is not None:
             # The last row (the next block) also reads a completion's active-block keys, at its block positions.
             a, L = self.ahead
