@@ -353,7 +353,6 @@ class RequestDecode:
         # The mask token is never a commit candidate: confidence and tokens are over real tokens only.
         logits[..., mask_id] = float("-inf")
         fwd_end = self.clock.mark()  # the forward's device time is read after the transitions' copy below
-        tv = time.perf_counter()
         node_eligible = (states == mask_id) & self.window
         # The eligibility on the device, from the state rows the adapter uploaded (no copy of its own).
         dstates = getattr(self.session, "device_states", None)

@@ -37,17 +37,12 @@ def _unpack(buf: torch.Tensor, layout: list[tuple[torch.dtype, torch.Size, int, 
     return tuple(buf[off : off + n].view(dtype).reshape(shape) for dtype, shape, off, n in layout)
 
 
-def move(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """`tensors` on `device` in one copy (packed when there are several)."""
+def upload(*tensors: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Host tensors to the device in one copy (packed when there are several)."""
     if len(tensors) == 1:
         return (tensors[0].to(device),)
     buf, layout = _pack(tensors)
     return _unpack(buf.to(device), layout)
-
-
-def upload(*tensors: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Host tensors to the device in one copy."""
-    return move(tensors, device)
 
 
 class HostLink:
