@@ -16,6 +16,8 @@ CONTROL_OPTIONS = ("none", "paired")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 IMPLS = ("native", "remote")
 CACHES = ("none", "approx")
+MASK_SHARING = ("common", "independent")
+GREEDY_OPTIONS = ("auto", "always", "never")
 
 
 class SpotUserError(ValueError):
@@ -162,6 +164,14 @@ class SpotArgs:
     # Where the drafter runs: the host by default on every device (its numpy fast path; its inputs are a few KB of
     # stale summaries that the round brings to the host anyway), or a torch device name ("cuda:0") to override.
     drafter_device: str = "cpu"
+    # Likelihood requests (multiple choice, perplexity): the masked-diffusion bound, enumerated exactly where a
+    # unit's 2^k - 1 mask patterns fit in mc_num rows, else mc_num stratified Monte Carlo rows (per block on
+    # block-causal targets, per continuation on bidirectional ones), mc_batch rows per forward.
+    mc_num: int = 128
+    mc_batch: int = 32
+    cfg: float = 0.0  # classifier-free guidance of the likelihood forwards (0: off)
+    mask_sharing: str = "common"  # "common": a context's continuations share mask draws; "independent"
+    greedy: str = "auto"  # is_greedy by exact greedy decoding: "auto" (loglikelihood tasks), "always", "never"
 
 
 def accepted_args() -> list[str]:
@@ -260,6 +270,22 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         if not 0.0 <= gamma < 1.0:
             raise SpotArgError(f"spot-dlm: gamma={raw['gamma']!r} is out of range; accepted: a number in [0, 1)")
         args["gamma"] = gamma
+    for name in ("mc_num", "mc_batch"):
+        if raw.get(name) is not None:
+            args[name] = _as_int(name, raw[name], 1)
+    if raw.get("cfg") is not None:
+        try:
+            cfg = float(raw["cfg"])
+        except (TypeError, ValueError):
+            cfg = -1.0
+        if not 0.0 <= cfg < float("inf"):
+            raise SpotArgError(f"spot-dlm: cfg={raw['cfg']!r} is out of range; accepted: a number >= 0 (0: off)")
+        args["cfg"] = cfg
+    for name, options in (("mask_sharing", MASK_SHARING), ("greedy", GREEDY_OPTIONS)):
+        if raw.get(name) is not None:
+            if str(raw[name]) not in options:
+                raise SpotArgError(f"spot-dlm: {name}={raw[name]!r} is not known; accepted: {', '.join(options)}")
+            args[name] = str(raw[name])
     control = str(raw.get("control", "none"))
     if control not in CONTROL_OPTIONS:
         raise SpotArgError(f"spot-dlm: control={control!r} is not known; accepted: {', '.join(CONTROL_OPTIONS)}")

@@ -27,6 +27,8 @@ from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
+from lm_eval_spot.likelihood.harness import LikelihoodStats, format_likelihood
+from lm_eval_spot.likelihood.runner import LikelihoodRunner, RunnerSetup
 from lm_eval_spot.loading import load_target, with_concrete_dtype
 from lm_eval_spot.methods import build_proposer
 from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary
@@ -115,13 +117,19 @@ class SpotDLM(LM):
         paired = drafting and (self.args.control == "paired" or self.oracle)
         self.paired = PairedStats() if paired else None
         self._auto_bs: int | None = None
+        self._auto_lik_bs: int | None = None
         self._decode_s = 0.0  # wall time of the method's own decoding calls (chunks, not requests), running total
         # Per request, in lm-eval's request order: joined with its samples file by `prompt_hash` (compare.py).
         self.sample_log: list[dict[str, Any]] = []
         # Every rank's statistics, gathered at the end of each generate_until (None: single process).
-        self._gathered: tuple[RunStats, PairedStats | None, list[dict[str, Any]], int] | None = None
+        self._gathered: tuple[RunStats, PairedStats | None, list[dict[str, Any]], int | None, LikelihoodStats,
+                              list[dict[str, Any]]] | None = None
         self.request_cache: RequestCache | None = None  # set when lm-eval runs with --use_cache
         self._summary_logged = False
+        prefix = self.tokenizer.eos_token_id
+        self.likelihood = LikelihoodRunner(
+            RunnerSetup(self.adapter, self.encode, int(prefix if prefix is not None else self.adapter.info.mask_id),
+                        self.base_seed, self._likelihood_batch), self.args)
         if self.args.batch_invariant and self.args.batch_size not in (1, "auto"):
             log.info("batch_invariant=true: requests are decoded one at a time (batch_size=%s ignored)",
                      self.args.batch_size)
@@ -142,16 +150,32 @@ class SpotDLM(LM):
 
     # ---- lm-eval verbs ----------------------------------------------------------------------------------
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        raise NotImplementedError(
-            "spot-dlm scores generation tasks only (output_type: generate_until, e.g. gsm8k, spot_arith); "
-            "loglikelihood / multiple-choice tasks are not supported by diffusion decoding here"
-        )
+        """(log p(continuation | context), is_greedy) by the masked-diffusion bound (`lm_eval_spot.likelihood`)."""
+        n_pad = padding_count(requests) if self.ranks.distributed else 0
+        real = requests[: len(requests) - n_pad]
+        with decoding_threads(self.threads):
+            out = self.likelihood.loglikelihood(real, disable_tqdm or self.rank != 0)
+        for req, o in zip(real, out, strict=True):
+            self.cache_hook.add_partial("loglikelihood", req.args, o)
+        if out and not self.ranks.distributed:
+            self._log_likelihood()
+        return out + [out[-1]] * n_pad if out else out
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-        raise NotImplementedError(
-            "spot-dlm scores generation tasks only (output_type: generate_until); "
-            "loglikelihood_rolling (perplexity) tasks are not supported"
-        )
+        """A document's log-likelihood: the bound summed over lm-eval's disjoint rolling windows."""
+        n_pad = padding_count(requests) if self.ranks.distributed else 0
+        real = requests[: len(requests) - n_pad]
+        with decoding_threads(self.threads):
+            out = self.likelihood.loglikelihood_rolling(real, disable_tqdm or self.rank != 0)
+        for req, o in zip(real, out, strict=True):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, o)
+        if out and not self.ranks.distributed:
+            self._log_likelihood()
+        return out + [out[-1]] * n_pad if out else out
+
+    def _log_likelihood(self) -> None:
+        stats = self._gathered[4] if self._gathered is not None else self.likelihood.stats
+        log.info("%s", format_likelihood(stats.summary(), self.likelihood.settings))
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         # lm-eval's padding copies (multi-process runs) are answered with the real request's text, never decoded
@@ -195,7 +219,8 @@ class SpotDLM(LM):
 
     def _gather_stats(self) -> None:
         """Sum every rank's statistics (all ranks call this: it is a collective)."""
-        parts = self.ranks.all_gather_object((self.stats, self.paired, self.sample_log, self._cache_served()))
+        parts = self.ranks.all_gather_object((self.stats, self.paired, self.sample_log, self._cache_served(),
+                                              self.likelihood.stats, self.likelihood.samples))
         stats = RunStats(mode=self.stats.mode, budget=self.stats.budget,
                          exact_prefix_cache=self.stats.exact_prefix_cache, batch_size=self.stats.batch_size)
         paired = PairedStats() if self.paired is not None else None
@@ -203,20 +228,33 @@ class SpotDLM(LM):
         served = [p[3] for p in parts]
         # The ranks decode side by side: the run took as long as its slowest rank.
         stats.add_call(max(p[0].call_wall_s for p in parts), max(p[0].decode_wall_s for p in parts))
-        for rank_stats, rank_paired, rank_log, _ in parts:
+        likelihood, lik_samples = LikelihoodStats(), []
+        for rank_stats, rank_paired, rank_log, _, rank_lik, rank_lik_samples in parts:
+            likelihood.merge(rank_lik)
+            lik_samples.extend(rank_lik_samples)
             for s, t in zip(rank_stats.samples, rank_stats.temperatures, strict=True):
                 stats.add(s, t)
             if paired is not None and rank_paired is not None:
                 paired.extend(rank_paired)
             samples.extend(rank_log)
         known = None if any(s is None for s in served) else -1 if any(s < 0 for s in served) else sum(served)
-        self._gathered = (stats, paired, samples, known)
+        self._gathered = (stats, paired, samples, known, likelihood, lik_samples)
 
     def _pad_rows(self) -> int:
         """batch_invariant: every forward carries 1 + the largest budget rows (budget=auto's largest is 20)."""
         if not self.args.batch_invariant:
             return 0
         return 1 + (self.args.budget if isinstance(self.args.budget, int) else MAX_BUDGET)
+
+    def _likelihood_batch(self) -> int:
+        """Likelihood requests scored together (each forward carries up to mc_batch rows per request)."""
+        if self.args.batch_invariant:
+            return 1
+        if self.args.batch_size != "auto":
+            return int(self.args.batch_size)
+        if self._auto_lik_bs is None:
+            self._auto_lik_bs = auto_batch_size(self.adapter, self.args.mc_batch, self.args.max_batch_size)
+        return self._auto_lik_bs
 
     def _batch_size(self) -> int:
         if self.args.batch_invariant:
@@ -381,12 +419,17 @@ class SpotDLM(LM):
         if self.ranks.distributed:
             self._gather_stats()
             if self.rank == 0:
-                self._log_summary()
+                assert self._gathered is not None
+                if self._gathered[0].samples:
+                    self._log_summary()
+                if self._gathered[4].requests:
+                    self._log_likelihood()
         self.ranks.barrier()
 
     def get_model_info(self) -> dict[str, Any]:
-        stats, paired, sample_log, served = self._gathered or (self.stats, self.paired, self.sample_log,
-                                                               self._cache_served())
+        stats, paired, sample_log, served, likelihood, lik_samples = self._gathered or (
+            self.stats, self.paired, self.sample_log, self._cache_served(), self.likelihood.stats,
+            self.likelihood.samples)
         summary = stats.summary()
         if served is not None:
             # Answers lm-eval returned from --use_cache: never decoded, so not in NFE, tokens or time (-1: unknown).
@@ -402,8 +445,11 @@ class SpotDLM(LM):
         if served and not self._summary_logged:  # every request came from --use_cache: nothing was decoded
             self._summary_logged = True
             log.info("spot-dlm run summary\n%s", format_summary(summary))
+        if likelihood.requests:
+            summary["likelihood"] = {**likelihood.summary(), "settings": self.likelihood.settings}
         return {
             "spot": summary,
+            "spot_likelihood_samples": lik_samples,
             "spot_target": self.target,
             "spot_samples": sample_log,
             "spot_args": {k: v for k, v in vars(self.args).items()},

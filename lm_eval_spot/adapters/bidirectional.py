@@ -117,13 +117,7 @@ class BidirectionalSession:
         approximates). Counts no NFE: it is for checks, not decoding."""
         ad = self._adapter
         keep = raw_positions(self.block_start, ad.info.block_len, ad.protocol.shifted, ad.device)
-        if ad.cache == "approx":  # the project's attention function serves whole canvases too (no PrefixPass)
-            N = self.canvas_len
-            zeros = torch.zeros(N, N, dtype=ad.dtype, device=ad.device)
-            return ad._run(self._canvas(states), torch.arange(N).expand(states.shape[0], -1),
-                           PrefixPass([(0, states.shape[0], None)], zeros, kernel=ad.kernel, dense=True), keep)
-        with torch.no_grad():
-            return ad.protocol.forward(ad.model, self._canvas(states).to(ad.device), keep).float()
+        return ad.sequence_logits(self._canvas(states), keep)
 
     def commit_block(self, block: torch.Tensor) -> None:
         if block.shape[0] != self._adapter.info.block_len:
@@ -157,6 +151,19 @@ class BidirectionalAdapter:
         if gen_length is None:
             raise ValueError("a bidirectional target lays out its whole canvas: open() needs gen_length")
         return BidirectionalSession(self, prompt_ids, gen_length), []
+
+    def sequence_logits(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Whole sequences [R, N] (every position sees every other, no cache) -> raw logits at positions `keep`
+        [R, len(keep), V] float32 (shifted targets: the caller picks raw positions, `raw_positions`). The
+        self-check's reference and the likelihood bound's forward; counts no NFE."""
+        keep = keep.to(self.device)
+        if self.cache == "approx":  # the project's attention function serves whole canvases too (no PrefixPass)
+            R, N = ids.shape
+            zeros = torch.zeros(N, N, dtype=self.dtype, device=self.device)
+            return self._run(ids, torch.arange(N).expand(R, -1),
+                             PrefixPass([(0, R, None)], zeros, kernel=self.kernel, dense=True), keep)
+        with torch.no_grad():
+            return self.protocol.forward(self.model, ids.to(self.device), keep).float()
 
     # ---- approx mode (native transformers classes through the project's prefix attention) --------------------
     def cached_len(self, block_start: int) -> int:
