@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
          "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py",
-         "tests/test_auto_budget.py", "tests/test_fused_attention.py", "tests/test_round_syncs.py"]
+         "tests/test_auto_budget.py", "tests/test_fused_attention.py", "tests/test_round_syncs.py",
+         "tests/test_likelihood.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -96,6 +97,17 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "        if False:\n            piece = merge("),
     ("the prompt's pending blocks read the state after them", "lm_eval_spot/adapters/prefix_attention.py",
      "mask = None if self.dense else self.new_mask.repeat(g, 1)", "mask = None"),
+    ("likelihood: sampled rows weighted 1/l, not k/l", "lm_eval_spot/likelihood/masks.py",
+     "return MaskPlan(masked, k / counts.double(), False)", "return MaskPlan(masked, 1.0 / counts.double(), False)"),
+    ("likelihood: exact patterns not divided by their count", "lm_eval_spot/likelihood/masks.py",
+     "w = 1.0 / (l * math.comb(k, l))", "w = 1.0 / l"),
+    ("likelihood: a noised row committed as the next block's prefix", "lm_eval_spot/likelihood/scorer.py",
+     "session.commit_block(torch.tensor(blk, dtype=torch.long))", "session.commit_block(states[0])"),
+    ("likelihood: Dream's shifted logits read unshifted", "lm_eval_spot/likelihood/scorer.py",
+     'shifted = bool(getattr(getattr(adapter, "protocol", None), "shifted", False))', "shifted = False"),
+    ("likelihood: a context's continuations draw independent masks", "lm_eval_spot/likelihood/harness.py",
+     '        return mix_seed(base_seed, "ll", tuple(context))\n',
+     '        return mix_seed(base_seed, "ll", tuple(context), tuple(continuation))\n'),
 ]
 
 
