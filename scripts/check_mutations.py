@@ -102,12 +102,17 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("likelihood: exact patterns not divided by their count", "lm_eval_spot/likelihood/masks.py",
      "w = 1.0 / (l * math.comb(k, l))", "w = 1.0 / l"),
     ("likelihood: a noised row committed as the next block's prefix", "lm_eval_spot/likelihood/scorer.py",
-     "session.commit_block(torch.tensor(blk, dtype=torch.long))", "session.commit_block(states[0])"),
+     "session.commit_block(unit.targets[0])", "session.commit_block(unit.states[0])"),
     ("likelihood: Dream's shifted logits read unshifted", "lm_eval_spot/likelihood/scorer.py",
      'shifted = bool(getattr(getattr(adapter, "protocol", None), "shifted", False))', "shifted = False"),
     ("likelihood: a context's continuations draw independent masks", "lm_eval_spot/likelihood/harness.py",
      '        return mix_seed(base_seed, "ll", tuple(context))\n',
      '        return mix_seed(base_seed, "ll", tuple(context), tuple(continuation))\n'),
+    ("likelihood: a fork continues from a noised first block", "lm_eval_spot/likelihood/scorer.py",
+     "own.commit_block(u[0].targets[0])", "own.commit_block(u[0].states[0])"),
+    ("likelihood: a group's shared rows read off by one pair", "lm_eval_spot/likelihood/scorer.py",
+     "t.add(u[0].plan, all_sums[bounds[i] : bounds[i + 1]], forwards[i])",
+     "t.add(u[0].plan, all_sums[bounds[i - 1] : bounds[i]] if i else all_sums[: bounds[1]], forwards[i])"),
 ]
 
 

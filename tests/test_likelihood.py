@@ -95,6 +95,24 @@ def test_exact_mode_equals_the_enumerated_bound_on_the_embedded_target(embedded,
     assert got.logprob == pytest.approx(ref, abs=1e-5)
 
 
+def test_a_contexts_choices_share_its_prefill_and_each_equals_the_enumerated_bound(embedded):
+    ids = encode(embedded, CTX + " - 3 = 9")
+    info = embedded.adapter.info
+    ctx = ids[:30]
+    conts = [ids[30:34], ids[30:32], [ids[30], 7, ids[32], 9]]  # 2 + 2 tokens, 2 tokens, another 2 + 2
+    pairs = [Pair(tuple(ctx), tuple(c), 0) for c in conts]
+    grouped = score_pairs(embedded.adapter, pairs, LikelihoodConfig(mc_num=15), batch_size=2)
+    for c, got in zip(conts, grouped, strict=True):
+        ref = reference_block_causal(embedded.adapter.model, ctx, c, info.block_len, info.mask_id)
+        assert got.exact and got.logprob == pytest.approx(ref, rel=1e-6, abs=1e-5)  # (float32 logits)
+    # one shared forward scored all three first blocks; the two longer ones took one more each
+    assert [g.forwards for g in grouped] == [2, 1, 2]
+    alone = score_pairs(embedded.adapter, pairs, LikelihoodConfig(mc_num=15), groups=[[0], [1], [2]])
+    assert [a.forwards for a in alone] == [2, 1, 2]
+    for a, g in zip(alone, grouped, strict=True):
+        assert a.logprob == pytest.approx(g.logprob, abs=1e-5)
+
+
 def test_monte_carlo_mean_matches_the_enumerated_bound(embedded):
     ids = encode(embedded, CTX + " - 3 = 9")
     ctx, cont = ids[:10], ids[10:16]  # k = 6 in one block: 63 patterns, sampled with 16 rows
@@ -136,23 +154,30 @@ def test_the_trained_target_prefers_the_right_solution(embedded):
     assert good.forwards == 3 and good.rows == 3 * 32  # 15 + 79 tokens: three blocks of 32, one forward each
 
 
-def diff_variance(embedded, sharing: str, seeds: int = 24) -> float:
+def diff_variance(loaded, ctx: list[int], a: list[int], b: list[int], sharing: str, seeds: int = 30) -> float:
+    """Variance over seeds of score(a) - score(b), the quantity a multiple-choice decision reads."""
     from lm_eval_spot.likelihood.harness import pair_seed
 
-    ctx = encode(embedded, "Q: 7+5-3+8+2\nA:")
-    a, b = encode(embedded, GOOD), encode(embedded, BAD)
     diffs = []
     for s in range(seeds):
         pa = Pair(tuple(ctx), tuple(a), pair_seed(s, ctx, a, sharing))
         pb = Pair(tuple(ctx), tuple(b), pair_seed(s, ctx, b, sharing))
-        ea, eb = score_pairs(embedded.adapter, [pa, pb], LikelihoodConfig(mc_num=16), batch_size=2)
+        ea, eb = score_pairs(loaded.adapter, [pa, pb], LikelihoodConfig(mc_num=8), batch_size=2)
         diffs.append(ea.logprob - eb.logprob)
     return float(torch.tensor(diffs, dtype=torch.float64).var())
 
 
-def test_common_random_masks_lower_the_variance_of_a_choice_difference(embedded):
-    common, independent = diff_variance(embedded, "common"), diff_variance(embedded, "independent")
-    assert common < 0.5 * independent, (common, independent)
+def test_common_random_masks_lower_the_variance_of_a_choice_difference(tiny_target_dir):
+    # A random-weight target is uncertain everywhere, so two choices share most of their Monte Carlo noise (on a
+    # trained target the right choice's own estimate barely varies and the wrong one's error terms are its own:
+    # docs/benchmarks.md, "Likelihood"). Choices differing in one token of a sampled 8-token block:
+    loaded = load_target(parse_args({"pretrained": str(tiny_target_dir), "mode": "control"}))
+    ctx, a = [5, 9, 17, 23, 40], [30 + i for i in range(12)]
+    b = list(a)
+    b[6] = 77
+    common = diff_variance(loaded, ctx, a, b, "common")
+    independent = diff_variance(loaded, ctx, a, b, "independent")
+    assert common < 0.1 * independent, (common, independent)
 
 
 # ---- the real families' forwards (tiny random-weight models from the official code) ------------------------------
@@ -221,6 +246,12 @@ def test_every_family_exact_mode_equals_the_enumerated_bound(families, fam, impl
             for b in (1, 2))
     got = score(loaded, ctx, cont, mc_num=15)
     assert got.exact and got.logprob == pytest.approx(ref, abs=1e-4)
+    # the same pair next to another choice of its context (block-causal: one prefill, then forked sessions)
+    other = [61, 60] + cont[2:]
+    both = score_pairs(loaded.adapter, [Pair(tuple(ctx), tuple(cont), 0), Pair(tuple(ctx), tuple(other), 0)],
+                       LikelihoodConfig(mc_num=15), batch_size=2)
+    assert both[0].logprob == pytest.approx(ref, abs=1e-4)
+    assert both[1].logprob != pytest.approx(ref, abs=1e-4)
     mc = score(loaded, ctx, cont, mc_num=6, seed=2)
     if fam in ("llada", "dream"):  # 15 patterns, 6 rows: sampled
         assert not mc.exact and abs(mc.logprob - ref) <= 3 * mc.se
@@ -237,3 +268,47 @@ def test_bidirectional_batches_do_not_change_the_numbers(families, fam, impl):
     three = score_pairs(loaded.adapter, pairs, cfg, batch_size=3)
     for a, b in zip(one, three, strict=True):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+
+
+class _Req:
+    def __init__(self, context: str, continuation: str, doc_id: int, task: str = "t") -> None:
+        self.args, self.doc_id, self.task_name = (context, continuation), doc_id, task
+
+
+def test_the_greedy_flag_is_exact_greedy_decoding():
+    from reference import reference_decode
+
+    from lm_eval_spot.lm import SpotDLM
+
+    lm = SpotDLM(mode="control", mc_num=4)
+    context = "Q: 7+5-3+8+2\nA:"
+    ctx = lm.encode(context)
+    info = lm.adapter.info
+    ids, _ = reference_decode(lm.adapter.model, ctx, info.block_len, info.mask_id, set(info.stop_ids), 12, 0.0, 0)
+    good = lm.tokenizer.decode(ids)
+    assert lm.encode(context + good)[len(ctx):] == ids  # the text round-trips to the decoded ids
+    bad = good[:-1] + ("1" if good[-1] != "1" else "2")
+    reqs = [_Req(context, good, 0), _Req(context, bad, 1)]
+    assert [g for _, g in lm.loglikelihood(reqs)] == [True, False]
+    # one document with two choices: a multiple-choice question, whose flags auto leaves False ...
+    mc = [_Req(context, good, 7), _Req(context, bad, 7)]
+    assert [g for _, g in lm.loglikelihood(mc)] == [False, False]
+    # ... and greedy=always computes
+    lm_always = SpotDLM(mode="control", mc_num=4, greedy="always")
+    assert [g for _, g in lm_always.loglikelihood(mc)] == [True, False]
+    tasks = lm.get_model_info()["spot"]["likelihood"]["tasks"]
+    assert tasks["t"]["greedy_computed"] == 2 and tasks["t"]["greedy_true"] == 1 and tasks["t"]["mc_docs"] == 1
+
+
+def test_rolling_windows_sum_to_the_documents_bound():
+    from lm_eval_spot.lm import SpotDLM
+
+    lm = SpotDLM(mode="control", mc_num=8)
+    text = "Q: 7+5-3+8+2\nA: Step 1: 7 + 5 = 12\nStep 2: 12 - 3 = 9"
+    [total] = lm.loglikelihood_rolling([_Req(text, "", 0, "ppl")][:1])
+    # one window (the document fits the context): the same as the pair (prefix token, document)
+    [(single, _)] = lm.loglikelihood([_Req("", text, 0, "pair")])
+    assert total == pytest.approx(single, abs=1e-9)
+    lm_short = SpotDLM(mode="control", mc_num=8)
+    windows = lm_short.likelihood.window_len()
+    assert windows == 511  # the embedded target's 512 positions, whole blocks of 32

@@ -61,11 +61,19 @@ def test_seed_defaults_to_torch_seed(tiny_target_dir):
     assert SpotDLM(pretrained=str(tiny_target_dir), mode="control").base_seed == 1234
 
 
-def test_loglikelihood_raises_clear_error(lm):
-    with pytest.raises(NotImplementedError, match="generation tasks"):
-        lm.loglikelihood([])
-    with pytest.raises(NotImplementedError, match="generation tasks"):
-        lm.loglikelihood_rolling([])
+class _LLReq:
+    def __init__(self, *args: str) -> None:
+        self.args, self.doc_id, self.task_name = args, 0, "t"
+
+
+def test_likelihood_requests_empty_and_refused_with_a_clear_error(lm):
+    from lm_eval_spot.likelihood.runner import LikelihoodRequestError
+
+    assert lm.loglikelihood([]) == [] and lm.loglikelihood_rolling([]) == []
+    with pytest.raises(LikelihoodRequestError, match="encodes to no tokens; nothing was scored"):
+        lm.loglikelihood([_LLReq("Q: 1+1\nA:", "")])
+    with pytest.raises(LikelihoodRequestError, match="more than the target's context"):
+        lm.loglikelihood([_LLReq("1 " * 2000, " 2")])
 
 
 def test_chat_template(lm):

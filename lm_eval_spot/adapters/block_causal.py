@@ -9,6 +9,7 @@ logits stay on the model's device.
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
@@ -138,6 +139,16 @@ class BlockCausalSession:
         self._store(pp)
         self.nfe.rounds += 1
         return logits
+
+    def fork(self) -> BlockCausalSession:
+        """An independent session on the same prefix, with its own NFE count: the stored KV is shared (never
+        written in place: storing a block makes new tensors), the pending blocks copied. Several continuations of
+        one context (a question's choices) branch from one prefilled prefix."""
+        other = copy.copy(self)
+        other._pending = list(self._pending)
+        other.nfe = NFECounter()
+        other.device_states = None
+        return other
 
     def commit_block(self, block: torch.Tensor) -> None:
         """Queue a finished block; its KV is written by the next forward (no forward of its own, no NFE)."""

@@ -19,7 +19,7 @@ from lm_eval_spot.decoding.loop import DecodeConfig
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.likelihood.harness import (LikelihoodStats, encode_pair, greedy_wanted, pair_seed,
                                              rolling_windows)
-from lm_eval_spot.likelihood.scorer import Estimate, LikelihoodConfig, Pair, score_pairs
+from lm_eval_spot.likelihood.scorer import Estimate, LikelihoodConfig, Pair, context_groups, score_pairs
 
 log = logging.getLogger("lm_eval.spot")
 
@@ -87,10 +87,12 @@ class LikelihoodRunner:
         return max(1, n - 1)
 
     # ---- scoring ------------------------------------------------------------------------------------------
-    def _score(self, pairs: Sequence[Pair], desc: str, disable_tqdm: bool) -> list[Estimate]:
+    def _score(self, pairs: Sequence[Pair], desc: str, disable_tqdm: bool,
+               keys: Sequence[Any] | None = None) -> list[Estimate]:
+        """keys: each pair's document; the pairs of one document and context share their prefix's forwards."""
         bar = tqdm(total=len(pairs), desc=desc, disable=disable_tqdm)
         ests = score_pairs(self.setup.adapter, pairs, self.cfg, self.setup.batch_size(),
-                           on_done=lambda i, e: bar.update(1))
+                           on_done=lambda i, e: bar.update(1), groups=context_groups(pairs, keys))
         bar.close()
         return ests
 
@@ -131,9 +133,9 @@ class LikelihoodRunner:
             ctx, cont = encode_pair(self.setup.encode, context, continuation, self.setup.prefix_id)
             self._check(i, context, ctx, cont)
             pairs.append(Pair(tuple(ctx), tuple(cont), pair_seed(self.setup.base_seed, ctx, cont, self.sharing)))
-        ests = self._score(pairs, "spot-dlm [loglikelihood]", disable_tqdm)
         keys = [(str(getattr(r, "task_name", None) or "loglikelihood"), getattr(r, "doc_id", i))
                 for i, r in enumerate(requests)]
+        ests = self._score(pairs, "spot-dlm [loglikelihood]", disable_tqdm, keys)
         wanted = greedy_wanted(keys, self.greedy)
         flags = self._greedy_flags(pairs, wanted)
         docs: dict[tuple[str, Any], list[Estimate]] = {}
@@ -161,7 +163,7 @@ class LikelihoodRunner:
             for ctx, cont in rolling_windows(tokens, self.setup.prefix_id, self.window_len()):
                 pairs.append(Pair(tuple(ctx), tuple(cont), pair_seed(self.setup.base_seed, ctx, cont, self.sharing)))
                 owner.append(i)
-        ests = self._score(pairs, "spot-dlm [loglikelihood_rolling]", disable_tqdm)
+        ests = self._score(pairs, "spot-dlm [loglikelihood_rolling]", disable_tqdm, owner)
         per_doc: list[list[tuple[Pair, Estimate]]] = [[] for _ in requests]
         for o, p, e in zip(owner, pairs, ests, strict=True):
             per_doc[o].append((p, e))
