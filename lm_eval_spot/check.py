@@ -10,7 +10,9 @@ Same model-argument grammar as `lm_eval --model_args`. Rows (each pass / warn / 
   argmax flips); flips are a warning (set batch_invariant=true) since the exactness rows below decide;
 - native vs remote (SDAR, with trust_remote_code=true): both implementations' logits on the same states;
 - SPOT == control at T=0 and T=1 on a few prompts (generated ids identical);
-- control == the official generation, where the family defines one.
+- control == the official generation, where the family defines one;
+- likelihood: the bound (exact mode) on a prompt's last tokens against brute-force enumeration through
+  cache-free forwards.
 A table on the terminal, a JSON file (--out), exit status 1 when any row fails.
 """
 
@@ -20,16 +22,20 @@ import argparse
 import json
 import logging
 import sys
+from itertools import combinations
+from math import comb
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lm_eval_spot.adapters.bidirectional import raw_positions
 from lm_eval_spot.config import SpotArgError, SpotArgs, SpotUserError, parse_args
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.families import load_target
 from lm_eval_spot.families.common import LoadedTarget
+from lm_eval_spot.likelihood.scorer import LikelihoodConfig, Pair, score_pairs
 
 log = logging.getLogger("lm_eval.spot")
 
@@ -238,6 +244,60 @@ def check_official(loaded: LoadedTarget, prompts: list[list[int]]) -> Row:
                f"{same}/{n} generations identical at T=0", {"identical": same, "n": n})
 
 
+def _enumerated_bound(loaded: LoadedTarget, ctx: list[int], cont: list[int]) -> float:
+    """The likelihood bound by brute force: every mask pattern of every unit through a cache-free forward
+    (`full_logits` of whole blocks, or whole sequences on bidirectional targets)."""
+    ad = loaded.adapter
+    info = ad.info
+    L, mask = info.block_len, info.mask_id
+    seq = ctx + cont
+    if info.grid_origin == "zero":
+        units = [(b * L, [i for i in range(b * L, min(len(seq), (b + 1) * L)) if i >= len(ctx)])
+                 for b in range(len(ctx) // L, -(-len(seq) // L))]
+    else:
+        units = [(0, list(range(len(ctx), len(seq))))]
+    total = 0.0
+    for start, positions in units:
+        k = len(positions)
+        for n in range(1, k + 1):
+            acc = 0.0
+            for S in combinations(positions, n):
+                ids = [mask if i in S else t for i, t in enumerate(seq)]
+                if info.grid_origin == "zero":
+                    block = ids[start : start + L] + [mask] * max(0, start + L - len(ids))
+                    logits = ad.full_logits(ids[:start], torch.tensor([block]))[0]  # type: ignore[attr-defined]
+                    at = [i - start for i in S]
+                else:
+                    shifted = bool(getattr(getattr(ad, "protocol", None), "shifted", False))
+                    keep = raw_positions(len(ctx), k, shifted)
+                    logits = ad.sequence_logits(torch.tensor([ids]), keep)[0]  # type: ignore[attr-defined]
+                    at = [i - len(ctx) for i in S]
+                logp = torch.log_softmax(logits.double(), dim=-1)
+                acc += sum(float(logp[j, seq[i]]) for j, i in zip(at, S, strict=True))
+            total += acc / (n * comb(k, n))
+    return total
+
+
+def check_likelihood(loaded: LoadedTarget, prompt: list[int]) -> Row:
+    """The likelihood bound (exact mode, as multiple-choice tasks use it) against brute-force enumeration through
+    cache-free forwards: on a block-causal target this checks the prefix cache and the forked sessions."""
+    name = "likelihood bound == cache-free enumeration"
+    if len(prompt) < 5:
+        return Row(name, "skip", "the prompt is too short")
+    ctx, cont = prompt[:-3], prompt[-3:]
+    ad = loaded.adapter
+    got = score_pairs(ad, [Pair(tuple(ctx), tuple(cont), 0), Pair(tuple(ctx), tuple(cont[:1]), 0)],
+                      LikelihoodConfig(mc_num=7))
+    ref = [_enumerated_bound(loaded, ctx, cont), _enumerated_bound(loaded, ctx, cont[:1])]
+    diff = max(abs(g.logprob - r) for g, r in zip(got, ref, strict=True))
+    tol = REL_TOL.get(ad.dtype, 1e-2) * max(1.0, *(abs(r) for r in ref))
+    ok = diff <= tol and all(g.exact for g in got)
+    return Row(name, "pass" if ok else "fail",
+               f"log p of the prompt's last 3 tokens {got[0].logprob:.4f} (enumerated {ref[0]:.4f}); of the first "
+               f"of them {got[1].logprob:.4f} ({ref[1]:.4f}); largest difference {diff:.2e} (tolerance {tol:.1e})",
+               {"bound": [g.logprob for g in got], "enumerated": ref, "max_diff": diff})
+
+
 def run_checks(args: SpotArgs, prompts_text: list[str], max_toks: int) -> tuple[dict[str, Any], list[Row]]:
     loaded = load_target(args)
     tok = loaded.tokenizer
@@ -251,6 +311,7 @@ def run_checks(args: SpotArgs, prompts_text: list[str], max_toks: int) -> tuple[
     rows.append(check_native_vs_remote(args, loaded, prompts[0]))
     rows += check_exactness(args, loaded, prompts, max_toks)
     rows.append(check_official(loaded, prompts))
+    rows.append(check_likelihood(loaded, prompts[0]))
     return target, rows
 
 
