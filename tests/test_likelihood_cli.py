@@ -83,6 +83,7 @@ def test_stock_likelihood_tasks_run_on_every_family(family_dirs, tmp_path, fam, 
     check_stock(data, log, 1)
 
 
+@pytest.mark.slow
 def test_a_mixed_suite_runs_in_one_command(tmp_path):
     out = run_cli(["--model", "spot-dlm", "--model_args", "mode=spot,budget=4,mc_num=16",
                    "--tasks", "spot_arith_mini,spot_arith_mc_mini", "--limit", "4", "--device", "cpu",
@@ -99,6 +100,7 @@ def test_a_mixed_suite_runs_in_one_command(tmp_path):
     assert "spot-dlm run summary" in log and "spot-dlm likelihood" in log
 
 
+@pytest.mark.slow
 def test_use_cache_serves_likelihood_answers_and_refuses_other_settings(tmp_path):
     base = ["--model", "spot-dlm", "--tasks", "spot_arith_mc_mini", "--limit", "2", "--device", "cpu",
             "--use_cache", str(tmp_path / "cache")]
