@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from lm_eval_spot.config import drafter_for, parse_args
-    from lm_eval_spot.loading import load_target
+    from lm_eval_spot.families import load_target
 
     if args.prompts_file:
         prompts = [json.loads(x)["prompt"] for x in Path(args.prompts_file).read_text().splitlines() if x.strip()]

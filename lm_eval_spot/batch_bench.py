@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig
     from lm_eval_spot.drafter.model import load_drafter
-    from lm_eval_spot.loading import load_target
+    from lm_eval_spot.families import load_target
     from lm_eval_spot.methods import MethodSpec, make_proposer
     from lm_eval_spot.stopping import make_stop_check
     from lm_eval_spot.task_source import TaskSource

@@ -28,12 +28,14 @@ from typing import Any
 
 import torch
 
+from lm_eval_spot.modes import BASELINE_MODES, LEARNED_MODES, MODE_TABLE
+
 log = logging.getLogger("lm_eval_spot.bench")
 
-METHODS = ("free-chain", "conf-tree", "graph", "spot-chain", "spot", "spot-gamma", "oracle")
-BASELINES = ("free-chain", "conf-tree", "graph")
+# Baselines first, then SPOT's modes, the oracle last (the table's drafting modes, in plotting order).
+METHODS = BASELINE_MODES + LEARNED_MODES + tuple(m.name for m in MODE_TABLE
+                                                 if m.drafts and not m.baseline and not m.learned)
 BUDGETS = (4, 8, 12, 20)
-TEMPS = (0.0, 1.0)
 
 
 @dataclass
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.baselines.graph import RankGraph
     from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
-    from lm_eval_spot.loading import load_target
+    from lm_eval_spot.families import load_target
     from lm_eval_spot.methods import MethodSpec, make_proposer
     from lm_eval_spot.stopping import cut_text, make_stop_check
     from lm_eval_spot.task_source import TaskSource
@@ -247,7 +249,7 @@ def spot_vs_baselines(rows: dict[tuple[str, Any, float], Row]) -> dict[str, list
     for T in sorted({k[2] for k in rows}):
         at_t = {(m, D): r for (m, D, T2), r in rows.items() if T2 == T and r.nfe}
         for D in sorted({D for _, D in at_t if isinstance(D, int)}):
-            base = [(m, sum(r.nfe) / len(r.nfe)) for (m, D2), r in at_t.items() if D2 == D and m in BASELINES]
+            base = [(m, sum(r.nfe) / len(r.nfe)) for (m, D2), r in at_t.items() if D2 == D and m in BASELINE_MODES]
             spots = [(m, sum(r.nfe) / len(r.nfe)) for (m, D2), r in at_t.items() if D2 == D and m.startswith("spot")]
             if base and spots:
                 m, b = min(base, key=lambda x: x[1])
@@ -325,7 +327,7 @@ def plot(res: dict[str, Any], out: Path) -> list[Path]:
                 pts = sorted((r["budget"], r[key]) for r in rows if r["method"] == m and isinstance(r["budget"], int))
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m,
-                            linestyle="--" if m in BASELINES or m == "oracle" else "-")
+                            linestyle="--" if m in BASELINE_MODES or m == "oracle" else "-")
             for r in rows:
                 if r["method"] == "control":
                     ax.axhline(r[key], color="black", linewidth=0.8, label="control")

@@ -7,11 +7,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-MODES = ("spot", "spot-gamma", "spot-chain", "conf-tree", "free-chain", "graph", "oracle", "control")
-DRAFTING_MODES = ("spot", "spot-gamma", "spot-chain", "conf-tree", "free-chain", "graph", "oracle")
-LEARNED_MODES = ("spot", "spot-gamma", "spot-chain")
+from lm_eval_spot.modes import CHAIN_MODES, LEARNED_MODES, MODE_NAMES
+
 VERIFIERS = ("coupled", "rejection")
-CHAIN_MODES = ("spot-chain", "free-chain")
 CONTROL_OPTIONS = ("none", "paired")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 IMPLS = ("native", "remote")
@@ -214,8 +212,8 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
     if raw.get("tokenizer") is not None:
         args["tokenizer"] = str(raw["tokenizer"])
     mode = str(raw.get("mode", "spot"))
-    if mode not in MODES:
-        raise SpotArgError(f"spot-dlm: mode={mode!r} is not known; accepted: {', '.join(MODES)}")
+    if mode not in MODE_NAMES:
+        raise SpotArgError(f"spot-dlm: mode={mode!r} is not known; accepted: {', '.join(MODE_NAMES)}")
     args["mode"] = mode
     if raw.get("block_len") is not None:
         args["block_len"] = _as_int("block_len", raw["block_len"], 1)

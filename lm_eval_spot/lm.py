@@ -18,7 +18,7 @@ from lm_eval_spot.adapters.base import positions_needed
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
-from lm_eval_spot.config import (LEARNED_MODES, SpotArgs, SpotUserError, default_graph_path, merge_harness_args, parse_args,
+from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args, parse_args,
                                  shipped_drafter_path)
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
@@ -29,8 +29,10 @@ from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
 from lm_eval_spot.likelihood.harness import LikelihoodStats, format_likelihood
 from lm_eval_spot.likelihood.runner import LikelihoodRunner, RunnerSetup
-from lm_eval_spot.loading import load_target, with_concrete_dtype
+from lm_eval_spot.families import load_target
+from lm_eval_spot.families.common import with_concrete_dtype
 from lm_eval_spot.methods import build_proposer
+from lm_eval_spot.modes import MODES
 from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary
 from lm_eval_spot.request_cache import RequestCache, fingerprint, folder_identity
 from lm_eval_spot.stopping import cut_text, make_stop_check
@@ -438,7 +440,7 @@ class SpotDLM(LM):
             summary.update(paired.summary())
         summary.update({"family": self.target["family"], "impl": self.target["impl"],
                         "world_size": self.world_size})
-        if self.args.mode in LEARNED_MODES:  # the modes that read a drafter (the fallback shows as none)
+        if MODES[self.args.mode].learned:  # the modes that read a drafter (the fallback shows as none)
             summary["drafter"] = self.drafter_path.name if self.drafter_path is not None else None
         if self.drafter_note:
             summary["drafter_note"] = self.drafter_note

@@ -12,8 +12,8 @@ from lm_eval_spot.config import SpotArgs, default_graph_path, drafter_for
 from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.drafter.model import DrafterMismatchError, DrafterModel, load_drafter
 from lm_eval_spot.drafter.proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
+from lm_eval_spot.modes import LEARNED_MODES, MODES
 
-LEARNED_MODES = ("spot", "spot-gamma", "spot-chain")
 FALLBACK_BUDGET = 8  # conf-tree's budget when a budget=auto run finds no drafter (auto reads a drafter's masses)
 
 log = logging.getLogger(__name__)
@@ -36,19 +36,22 @@ class MethodSpec:
 def make_proposer(spec: MethodSpec, drafter: DrafterModel | None = None, graph: RankGraph | None = None) -> Proposer | None:
     """The proposer of a fixed-budget mode (None for control; the oracle is built per request, see baselines)."""
     m, D = spec.mode, spec.budget
-    if m == "control":
+    if m not in MODES:
+        raise ValueError(f"unknown mode {m!r}")
+    mode = MODES[m]
+    if not mode.drafts:
         return None
-    if m in LEARNED_MODES:
+    if mode.learned:
         if drafter is None:
             raise ValueError(f"mode={m} needs a drafter")
-        cfg = TreeConfig(budget=D, gamma=spec.gamma if m == "spot-gamma" else 0.0, chain=m == "spot-chain")
+        cfg = TreeConfig(budget=D, gamma=spec.gamma if m == "spot-gamma" else 0.0, chain=mode.chain)
         return TreeProposer(LearnedOrder(drafter), cfg)
     if m == "conf-tree":
         return TreeProposer(StaleConfidenceOrder(), TreeConfig(budget=D))
     if m == "free-chain":
         # Stale top-confidence order with stale argmax tokens: no hedge, one path.
         return TreeProposer(StaleConfidenceOrder(), TreeConfig(budget=D, hedge_below=0.0, chain=True))
-    if m == "graph":
+    if mode.graph:
         if graph is None:
             raise ValueError("mode=graph needs a calibrated draft graph")
         return GraphProposer(graph, D)
@@ -56,8 +59,8 @@ def make_proposer(spec: MethodSpec, drafter: DrafterModel | None = None, graph: 
 
 
 def load_assets(mode: str, drafter_path: Path, graph_path: Path, block_len: int) -> tuple[DrafterModel | None, RankGraph | None]:
-    drafter = load_drafter(drafter_path, block_len)[0] if mode in LEARNED_MODES else None
-    graph = RankGraph.load(graph_path) if mode == "graph" else None
+    drafter = load_drafter(drafter_path, block_len)[0] if MODES[mode].learned else None
+    graph = RankGraph.load(graph_path) if MODES[mode].graph else None
     return drafter, graph
 
 
@@ -90,7 +93,7 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> ProposerChoice:
 
         assert drafter is not None
         costs = measure_costs(adapter, drafter, gen_length=args.gen_length or 256)  # lm-eval's usual max_gen_toks
-        cfg = TreeConfig(budget=costs.max_budget, chain=args.mode == "spot-chain")
+        cfg = TreeConfig(budget=costs.max_budget, chain=MODES[args.mode].chain)
         return ProposerChoice(AutoBudgetProposer(LearnedOrder(drafter), cfg, costs), path)
     assert isinstance(args.budget, int)
     return ProposerChoice(make_proposer(MethodSpec(args.mode, args.budget, args.gamma), drafter, graph), path)

@@ -279,7 +279,7 @@ def embedded_bench(device: str, n: int, temps: list[float], max_gen_toks: int, d
     from lm_eval_spot.config import default_graph_path, default_target_path, drafter_for, parse_args
     from lm_eval_spot.decoding.batch import for_request
     from lm_eval_spot.drafter.model import load_drafter
-    from lm_eval_spot.loading import load_target
+    from lm_eval_spot.families import load_target
     from lm_eval_spot.methods import MethodSpec, make_proposer
     from lm_eval_spot.stopping import cut_text, make_stop_check
 

@@ -15,7 +15,7 @@ import time
 import torch
 
 from lm_eval_spot.config import parse_args
-from lm_eval_spot.loading import load_target
+from lm_eval_spot.families import load_target
 
 
 def main() -> None:

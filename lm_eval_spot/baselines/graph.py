@@ -133,7 +133,7 @@ def calibrate(target_dir: str, n_prompts: int, keep: int = 64, seed: int = 0, ta
     from lm_eval_spot.arith.generator import make_prompt, make_split
     from lm_eval_spot.config import parse_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
-    from lm_eval_spot.loading import load_target
+    from lm_eval_spot.families import load_target
 
     loaded = load_target(parse_args({"pretrained": target_dir, "mode": "control"}))
     counts: Counter[tuple[int, ...]] = Counter()

@@ -78,7 +78,7 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
     each prompt in the tokenizer's chat template as a user turn (as `lm_eval --apply_chat_template` does)."""
     from lm_eval_spot.config import parse_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
-    from lm_eval_spot.loading import load_target
+    from lm_eval_spot.families import load_target
 
     raw = {**(model_args or {}), "mode": "control", **({"pretrained": target} if target else {}),
            **({"block_len": block_len} if block_len else {})}
