@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_spot.bench import main
+from lm_eval_spot.research.bench import main
 
 
 def test_bench_writes_results_table_and_plots(tmp_path):
@@ -26,7 +26,7 @@ def test_bench_writes_results_table_and_plots(tmp_path):
     control = [r for r in rows if r["method"] == "control"]
     assert all(oracle[k] <= spot[k] < control[0]["nfe_per_sample"] for k in oracle)
     table = (out / "table.md").read_text()
-    assert "| spot | auto |" in table and "python -m lm_eval_spot.bench" in table
+    assert "| spot | auto |" in table and "python -m lm_eval_spot.research.bench" in table
     assert res["repeats"] == 2
     # budget=auto against the best fixed SPOT budget, per temperature: the bar's ratio and the paired one
     cmp = res["auto_vs_best_fixed"]

@@ -41,7 +41,7 @@ def test_the_proposer_factory_follows_the_tables_flags():
 
 
 def test_the_benchmark_and_the_readme_list_the_tables_modes():
-    from lm_eval_spot.bench import METHODS
+    from lm_eval_spot.research.bench import METHODS
 
     assert set(METHODS) == {m.name for m in MODE_TABLE if m.drafts}
     row = next(line for line in README.read_text().splitlines() if line.startswith("| `mode` |"))

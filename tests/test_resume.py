@@ -215,7 +215,7 @@ def test_drafter_resume_refuses_other_settings(collected, tmp_path):
 
 
 def _target_cmd(out: Path) -> list[str]:
-    return [sys.executable, "-m", "lm_eval_spot.train_target", "--out", str(out), "--hidden", "32", "--layers", "1",
+    return [sys.executable, "-m", "lm_eval_spot.research.train_target", "--out", str(out), "--hidden", "32", "--layers", "1",
             "--heads", "2", "--kv-heads", "2", "--max-positions", "256", "--steps", str(TARGET_STEPS), "--batch", "4",
             "--warmup", "2", "--ckpt-every", "10", "--log-every", "1", "--val-every", "0", "--eval-n", "0",
             "--seed", "3", "--threads", "1"]
@@ -254,9 +254,9 @@ def test_target_training_killed_mid_run_resumes_to_the_same_weights(tmp_path):
 
 
 def test_target_resume_refuses_other_settings(tmp_path):
-    from lm_eval_spot.train_target import ModelConfig
-    from lm_eval_spot.train_target import TrainConfig as TargetConfig
-    from lm_eval_spot.train_target import train as train_target
+    from lm_eval_spot.research.train_target import ModelConfig
+    from lm_eval_spot.research.train_target import TrainConfig as TargetConfig
+    from lm_eval_spot.research.train_target import train as train_target
 
     def cfg(**kw: Any) -> TargetConfig:
         base = dict(out=str(tmp_path / "t"), model=ModelConfig(hidden=32, layers=1, heads=2, kv_heads=2,

@@ -1,7 +1,7 @@
 """The benchmark: every drafting method x budget x temperature against control, in ONE process, per sample.
 
-    python -m lm_eval_spot.bench --quick                      # < 10 min on 2 cores
-    python -m lm_eval_spot.bench --n 100 --out docs/results/bench
+    python -m lm_eval_spot.research.bench --quick                      # < 10 min on 2 cores
+    python -m lm_eval_spot.research.bench --n 100 --out docs/results/bench
 
 Each sample is decoded by control, then by every configuration (in an order rotated per sample), then by
 control again; a configuration's throughput ratio on that sample is control's mean wall time over its own, so
@@ -30,7 +30,7 @@ import torch
 
 from lm_eval_spot.modes import BASELINE_MODES, LEARNED_MODES, MODE_TABLE
 
-log = logging.getLogger("lm_eval_spot.bench")
+log = logging.getLogger("lm_eval_spot.research.bench")
 
 # Baselines first, then SPOT's modes, the oracle last (the table's drafting modes, in plotting order).
 METHODS = BASELINE_MODES + LEARNED_MODES + tuple(m.name for m in MODE_TABLE
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row.correct = source.score(row.texts)
     return {
         "task": source.name,
-        "command": "python -m lm_eval_spot.bench " + " ".join(args.argv),
+        "command": "python -m lm_eval_spot.research.bench " + " ".join(args.argv),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": args.threads,
                     "torch": torch.__version__, "device": args.device,
                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else None},
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     from lm_eval_spot.config import default_target_path
 
     raw = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.research.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(default_target_path()), help="checkpoint folder (= pretrained=)")
     ap.add_argument("--model_args", default="", help="spot-dlm model args for the target: pretrained=...,dtype=...")

@@ -1,6 +1,6 @@
 """Decoding-dynamics report of a target on a task: the paper's section 3.1 measures, on any target.
 
-    python -m lm_eval_spot.analysis [--target PATH] [--drafter PATH] [--n 200] [--budget 8] [--out report.json]
+    python -m lm_eval_spot.research.analysis [--target PATH] [--drafter PATH] [--n 200] [--budget 8] [--out report.json]
 
 Runs on the spot_arith test split (or --prompts-file), at T=0:
 * control decoding, observed at every commit: by block index, how often the stale argmax token is the committed
@@ -172,7 +172,7 @@ def analyse(loaded: Any, prompts: list[str], drafter_path: Path, budget: int, or
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.analysis", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.research.analysis", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target checkpoint folder (default: the embedded target)")
     ap.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")

@@ -1,6 +1,6 @@
 """Batching, measured: every request decoded alone and in batches, compared token for token, timed in one run.
 
-    python -m lm_eval_spot.batch_bench --n 500 --batch-size 8 --threads 2 --out docs/results/batch_cpu
+    python -m lm_eval_spot.research.batch_bench --n 500 --batch-size 8 --threads 2 --out docs/results/batch_cpu
 
 For control and SPOT (budget 8) at T = 0 and T = 1 on a task's requests (default: spot_arith), decodes every
 problem with batch_size 1 and with --batch-size (which runs first alternates per configuration), and reports how
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger("lm_eval_spot.batch_bench")
+log = logging.getLogger("lm_eval_spot.research.batch_bench")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         })
         log.info("%s T=%g: %d/%d identical, %.1f -> %.1f tok/s (%.2fx)", mode, T, rows[-1]["identical"], len(docs),
                  gen1 / w1, genb / wb, rows[-1]["throughput_ratio"])
-    return {"command": "python -m lm_eval_spot.batch_bench " + " ".join(args.argv), "batch_size": args.batch_size,
+    return {"command": "python -m lm_eval_spot.research.batch_bench " + " ".join(args.argv), "batch_size": args.batch_size,
             "machine": {"platform": platform.platform(), "threads": args.threads, "torch": torch.__version__,
                         "device": args.device}, "rows": rows}
 

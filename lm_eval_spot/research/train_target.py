@@ -1,6 +1,6 @@
 """Train the embedded spot_arith block-diffusion target (SDAR recipe) on CPU.
 
-    python -m lm_eval_spot.train_target --out DIR [--minutes M | --steps N] [--seed S] [--hidden H] [--layers K] ...
+    python -m lm_eval_spot.research.train_target --out DIR [--minutes M | --steps N] [--seed S] [--hidden H] [--layers K] ...
 
 Model: transformers' native Qwen3ForCausalLM (no remote code), tied embeddings, trained as a block-diffusion LM with
 block length L = 32 aligned to absolute position 0. Each training sequence is prompt + answer + eos, padded with
@@ -440,7 +440,7 @@ def _train(cfg: TrainConfig) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    p = argparse.ArgumentParser(prog="python -m lm_eval_spot.train_target", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lm_eval_spot.research.train_target", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="run directory (checkpoints, final/, eval.json); reruns resume")
     md, td = ModelConfig(), TrainConfig(out="")
     for f in dataclasses.fields(ModelConfig):
