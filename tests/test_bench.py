@@ -82,3 +82,19 @@ def test_bench_runs_other_drafters_and_compares_spot_with_the_baselines(tmp_path
 def test_bench_rejects_a_bad_drafters_list(tmp_path):
     with pytest.raises(SystemExit):
         main(["--n", "1", "--drafters", "nameonly", "--out", str(tmp_path)])
+
+
+def test_batch_bench_reports_every_method_against_control_at_each_batch_size(tmp_path):
+    from lm_eval_spot.research import batch_bench
+
+    batch_bench.main(["--n", "3", "--sizes", "1", "2", "--budgets", "4", "--temps", "0", "--max-gen-toks", "24",
+                      "--threads", "1", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    names = {(r["mode"], r["budget"], r["batch_size"]) for r in rows}
+    assert names == {(m, D, N) for m, D in [("control", None), ("graph", 4), ("spot", 4), ("spot", "auto")]
+                     for N in (1, 2)}
+    for r in rows:
+        assert r["identical_to_bs1"] == 3 and r["gen_tokens_per_s"] > 0
+        if r["mode"] == "control":
+            assert r["throughput_vs_control"] == 1.0
+    assert "throughput vs control at N" in (tmp_path / "table.md").read_text()

@@ -1,11 +1,13 @@
-"""Batching, measured: every request decoded alone and in batches, compared token for token, timed in one run.
+"""Batching, measured as the user waits for it: whole-run wall time and generated tokens per second of every
+method at several batch sizes, in one process, with the ratio to control at the SAME batch size.
 
-    python -m lm_eval_spot.research.batch_bench --n 500 --batch-size 8 --threads 2 --out docs/results/batch_cpu
+    python -m lm_eval_spot.research.batch_bench --n 500 --sizes 1 8 32 --threads 2 --out docs/results/batch_cpu
 
-For control and SPOT (budget 8) at T = 0 and T = 1 on a task's requests (default: spot_arith), decodes every
-problem with batch_size 1 and with --batch-size (which runs first alternates per configuration), and reports how
-many generations are identical, NFE per sample in both, and generated tokens per wall second in both (the
-throughput ratio of batching). Writes results.json and table.md.
+For each temperature and batch size N, every configuration (control, the calibrated graph and SPOT at each
+--budgets value, SPOT budget=auto) decodes all problems with batch_size N; the configurations' order is rotated
+from one (T, N) to the next. Reported per configuration and N: tokens per second, wall time, NFE per sample,
+the throughput ratio to control at that N, and how many generations are identical to the configuration's own
+batch_size=1 run (when 1 is among --sizes). Writes results.json and table.md.
 """
 
 from __future__ import annotations
@@ -24,11 +26,22 @@ import torch
 log = logging.getLogger("lm_eval_spot.research.batch_bench")
 
 
+def configurations(budgets: list[int], auto: bool, graph: bool) -> list[tuple[str, int | str | None]]:
+    out: list[tuple[str, int | str | None]] = [("control", None)]
+    out += [("graph", D) for D in budgets] if graph else []
+    out += [("spot", D) for D in budgets]
+    out += [("spot", "auto")] if auto else []
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from lm_eval_spot.config import drafter_for, parse_args
+    from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
+    from lm_eval_spot.baselines.graph import RankGraph
+    from lm_eval_spot.config import default_graph_path, drafter_for, parse_args
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig
     from lm_eval_spot.drafter.model import load_drafter
+    from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
     from lm_eval_spot.families import load_target
     from lm_eval_spot.methods import MethodSpec, make_proposer
     from lm_eval_spot.stopping import make_stop_check
@@ -39,63 +52,76 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     adapter, tok = loaded.adapter, loaded.tokenizer
     drafter_path = drafter_for(parse_args({"pretrained": args.target, "mode": "control", "drafter": args.drafter}))
     drafter = load_drafter(drafter_path, adapter.info.block_len)[0]  # on the host, as in a run
+    graph = RankGraph.load(Path(args.graph or default_graph_path())) if args.graph_mode else None
     docs = TaskSource(args.tasks, args.n, eos=tok.eos_token).prompts
     prompts = [tok(d.context, add_special_tokens=False)["input_ids"] for d in docs]
     detok = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     stops = [make_stop_check(detok, list(d.until)) for d in docs]
-    rows = []
-    for c, (mode, T) in enumerate((m, t) for m in ("control", "spot") for t in args.temps):
-        prop = make_proposer(MethodSpec(mode, args.budget), drafter)
+    configs = configurations(args.budgets, args.auto, args.graph_mode)
+    costs = measure_costs(adapter, drafter, gen_length=args.max_gen_toks) if args.auto else None
+
+    def proposer(mode: str, budget: int | str | None) -> Any:
+        if budget == "auto":
+            assert costs is not None
+            return AutoBudgetProposer(LearnedOrder(drafter), TreeConfig(budget=costs.max_budget), costs)
+        return make_proposer(MethodSpec(mode, int(budget or 1)), drafter, graph)
+
+    rows, outputs, k = [], {}, 0
+    for T in args.temps:
         cfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T)
-        timed: dict[int, tuple[list[Any], float]] = {}
-        for bs in (1, args.batch_size) if c % 2 == 0 else (args.batch_size, 1):
-            jobs = [DecodeJob(ids, cfg, args.seed * 1_000_003 + i, stops[i], for_request(prop))
-                    for i, ids in enumerate(prompts)]
-            t0 = time.perf_counter()
-            timed[bs] = (decode_many(adapter, jobs, batch_size=bs), time.perf_counter() - t0)
-        (one, w1), (many, wb) = timed[1], timed[args.batch_size]
-        inv: dict[str, Any] = {}
-        if args.invariant:  # batch_invariant=true: one request at a time, every forward padded to 1 + budget rows
-            pcfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T, pad_rows=1 + args.budget)
-            jobs = [DecodeJob(ids, pcfg, args.seed * 1_000_003 + i, stops[i], for_request(prop))
-                    for i, ids in enumerate(prompts)]
-            t0 = time.perf_counter()
-            padded = decode_many(adapter, jobs, batch_size=1)
-            wp = time.perf_counter() - t0
-            inv = {"invariant_identical": sum(a.token_ids == b.token_ids for a, b in zip(one, padded, strict=True)),
-                   "invariant_throughput_ratio": (sum(len(r.token_ids) for r in padded) / wp) /
-                   (sum(len(r.token_ids) for r in one) / w1)}
-        diff = [i for i, (a, b) in enumerate(zip(one, many, strict=True)) if a.token_ids != b.token_ids]
-        gen1 = sum(len(r.token_ids) for r in one)
-        genb = sum(len(r.token_ids) for r in many)
-        rows.append({
-            "mode": mode, "temperature": T, "budget": args.budget if mode == "spot" else None, "n": len(docs),
-            "identical": len(docs) - len(diff), "differing_samples": diff[:20],
-            "nfe_per_sample_bs1": sum(r.nfe.total for r in one) / len(docs),
-            "nfe_per_sample_bsN": sum(r.nfe.total for r in many) / len(docs),
-            "gen_tokens_per_s_bs1": gen1 / w1, "gen_tokens_per_s_bsN": genb / wb,
-            "throughput_ratio": (genb / wb) / (gen1 / w1), "wall_s_bs1": w1, "wall_s_bsN": wb, **inv,
-        })
-        log.info("%s T=%g: %d/%d identical, %.1f -> %.1f tok/s (%.2fx)", mode, T, rows[-1]["identical"], len(docs),
-                 gen1 / w1, genb / wb, rows[-1]["throughput_ratio"])
-    return {"command": "python -m lm_eval_spot.research.batch_bench " + " ".join(args.argv), "batch_size": args.batch_size,
+        for N in args.sizes:
+            order = configs[k % len(configs):] + configs[: k % len(configs)]  # rotated per (T, N)
+            k += 1
+            for mode, budget in order:
+                prop = proposer(mode, budget)  # fresh per run: budget=auto's calibration starts over
+                jobs = [DecodeJob(ids, cfg, args.seed * 1_000_003 + i, stops[i], for_request(prop))
+                        for i, ids in enumerate(prompts)]
+                t0 = time.perf_counter()
+                res = decode_many(adapter, jobs, batch_size=N)
+                wall = time.perf_counter() - t0
+                outputs[(mode, budget, T, N)] = [r.token_ids for r in res]
+                gen = sum(len(r.token_ids) for r in res)
+                rows.append({"mode": mode, "budget": budget, "temperature": T, "batch_size": N, "n": len(docs),
+                             "wall_s": wall, "gen_tokens": gen, "gen_tokens_per_s": gen / wall,
+                             "nfe_per_sample": sum(r.nfe.total for r in res) / len(docs)})
+                log.info("T=%g N=%d %s D=%s: %.1f tok/s, %.1f NFE/sample", T, N, mode, budget, gen / wall,
+                         rows[-1]["nfe_per_sample"])
+        if args.invariant:  # batch_invariant=true: one request at a time, every forward padded to one row count
+            pcfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T, pad_rows=1 + max(args.budgets + ([costs.max_budget] if costs else [])))
+            for mode, budget in configs:
+                prop = proposer(mode, budget)
+                jobs = [DecodeJob(ids, pcfg, args.seed * 1_000_003 + i, stops[i], for_request(prop))
+                        for i, ids in enumerate(prompts)]
+                t0 = time.perf_counter()
+                res = decode_many(adapter, jobs, batch_size=1)
+                wall = time.perf_counter() - t0
+                outputs[(mode + " (batch_invariant)", budget, T, 0)] = [r.token_ids for r in res]
+                gen = sum(len(r.token_ids) for r in res)
+                rows.append({"mode": mode + " (batch_invariant)", "budget": budget, "temperature": T,
+                             "batch_size": 0, "n": len(docs), "wall_s": wall, "gen_tokens": gen,
+                             "gen_tokens_per_s": gen / wall, "nfe_per_sample": sum(r.nfe.total for r in res) / len(docs)})
+    for r in rows:
+        # batch_size 0: the batch_invariant rows (one at a time, padded), against batch_invariant control
+        ctrl = next(c for c in rows if c["mode"].startswith("control") and c["temperature"] == r["temperature"]
+                    and c["batch_size"] == r["batch_size"])
+        r["throughput_vs_control"] = r["gen_tokens_per_s"] / ctrl["gen_tokens_per_s"]
+        one = outputs.get((r["mode"].removesuffix(" (batch_invariant)"), r["budget"], r["temperature"], 1))
+        mine = outputs[(r["mode"], r["budget"], r["temperature"], r["batch_size"])]
+        r["identical_to_bs1"] = None if one is None else sum(a == b for a, b in zip(one, mine, strict=True))
+    return {"command": "python -m lm_eval_spot.research.batch_bench " + " ".join(args.argv), "sizes": args.sizes,
             "machine": {"platform": platform.platform(), "threads": args.threads, "torch": torch.__version__,
                         "device": args.device}, "rows": rows}
 
 
 def markdown(res: dict[str, Any]) -> str:
-    B = res["batch_size"]
-    lines = [f"| mode | T | n | identical to batch_size=1 | NFE/sample bs=1 | NFE/sample bs={B} | tok/s bs=1 | "
-             f"tok/s bs={B} | throughput ratio |", "|---|---|---|---|---|---|---|---|---|"]
-    if any("invariant_identical" in r for r in res["rows"]):
-        lines[0] += " batch_invariant: identical | batch_invariant: throughput vs bs=1 |"
-        lines[1] += "---|---|"
-    for r in res["rows"]:
-        extra = (f" {r['invariant_identical']} | {r['invariant_throughput_ratio']:.2f}x |"
-                 if "invariant_identical" in r else "")
-        lines.append(f"| {r['mode']} | {r['temperature']:g} | {r['n']} | {r['identical']} | "
-                     f"{r['nfe_per_sample_bs1']:.2f} | {r['nfe_per_sample_bsN']:.2f} | {r['gen_tokens_per_s_bs1']:.1f} | "
-                     f"{r['gen_tokens_per_s_bsN']:.1f} | {r['throughput_ratio']:.2f}x |" + extra)
+    lines = ["| T | N | method | tok/s | wall s | NFE/sample | throughput vs control at N | identical to N=1 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(res["rows"], key=lambda r: (r["temperature"], r["batch_size"])):
+        name = r["mode"] if r["budget"] is None else f"{r['mode']} D={r['budget']}"
+        n_label = "1, padded" if r["batch_size"] == 0 else str(r["batch_size"])
+        same = "-" if r["identical_to_bs1"] is None else f"{r['identical_to_bs1']}/{r['n']}"
+        lines.append(f"| {r['temperature']:g} | {n_label} | {name} | {r['gen_tokens_per_s']:.1f} | "
+                     f"{r['wall_s']:.1f} | {r['nfe_per_sample']:.2f} | {r['throughput_vs_control']:.2f}x | {same} |")
     return "\n".join(lines)
 
 
@@ -107,17 +133,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drafter", default=None)
     ap.add_argument("--tasks", default="spot_arith", help="lm-eval generation task (its prompts and stops)")
     ap.add_argument("--n", type=int, default=500)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32], help="batch sizes N")
+    ap.add_argument("--batch-size", type=int, default=None, help="shorthand for --sizes 1 N (earlier runs' option)")
+    ap.add_argument("--invariant", action="store_true",
+                    help="also decode each configuration one request at a time with batch_invariant padding "
+                         "(1 + the largest budget rows per forward) and compare it with batch_size=1")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 20], help="fixed budgets (SPOT and graph)")
+    ap.add_argument("--no-auto", dest="auto", action="store_false", help="leave out SPOT budget=auto")
+    ap.add_argument("--no-graph", dest="graph_mode", action="store_false", help="leave out the calibrated graph")
+    ap.add_argument("--graph", default=None, help="draft graph JSON (default: the shipped one)")
     ap.add_argument("--temps", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--max-gen-toks", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--invariant", action="store_true",
-                    help="also decode with batch_invariant padding (1 + budget rows per forward) and time it")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.batch_size is not None:
+        args.sizes = [1, args.batch_size]
     args.argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     res = run(args)
