@@ -153,24 +153,22 @@ class SpotDLM(LM):
     # ---- lm-eval verbs ----------------------------------------------------------------------------------
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """(log p(continuation | context), is_greedy) by the masked-diffusion bound (`lm_eval_spot.likelihood`)."""
-        n_pad = padding_count(requests) if self.ranks.distributed else 0
-        real = requests[: len(requests) - n_pad]
-        with decoding_threads(self.threads):
-            out = self.likelihood.loglikelihood(real, disable_tqdm or self.rank != 0)
-        for req, o in zip(real, out, strict=True):
-            self.cache_hook.add_partial("loglikelihood", req.args, o)
-        if out and not self.ranks.distributed:
-            self._log_likelihood()
-        return out + [out[-1]] * n_pad if out else out
+        return self._likelihood_verb("loglikelihood", self.likelihood.loglikelihood, requests, disable_tqdm)
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """A document's log-likelihood: the bound summed over lm-eval's disjoint rolling windows."""
+        return self._likelihood_verb("loglikelihood_rolling", self.likelihood.loglikelihood_rolling, requests,
+                                     disable_tqdm)
+
+    def _likelihood_verb(self, verb: str, score: Any, requests: list[Any], disable_tqdm: bool) -> list[Any]:
+        """Score the real requests (lm-eval's padding copies get the last real answer, never scored), feed
+        --use_cache, and log the summary (multi-process runs log the summed one at the barrier)."""
         n_pad = padding_count(requests) if self.ranks.distributed else 0
         real = requests[: len(requests) - n_pad]
         with decoding_threads(self.threads):
-            out = self.likelihood.loglikelihood_rolling(real, disable_tqdm or self.rank != 0)
+            out = score(real, disable_tqdm or self.rank != 0)
         for req, o in zip(real, out, strict=True):
-            self.cache_hook.add_partial("loglikelihood_rolling", req.args, o)
+            self.cache_hook.add_partial(verb, req.args, o)
         if out and not self.ranks.distributed:
             self._log_likelihood()
         return out + [out[-1]] * n_pad if out else out

@@ -60,10 +60,10 @@ class LikelihoodRunner:
 
     # ---- checks -------------------------------------------------------------------------------------------
     def _positions(self, ctx: int, cont: int) -> int:
+        """Positions the bound's forwards occupy: whole blocks on block-causal targets (the decoder's layout),
+        exactly [context ; continuation] on bidirectional ones (no trailing canvas)."""
         info = self.setup.adapter.info
-        if info.grid_origin == "zero":
-            return -(-(ctx + cont) // info.block_len) * info.block_len
-        return ctx + cont
+        return positions_needed(info, ctx, cont) if info.grid_origin == "zero" else ctx + cont
 
     def _check(self, index: int, context: str, ctx: list[int], cont: list[int]) -> None:
         info = self.setup.adapter.info

@@ -112,9 +112,11 @@ def unit_generator(seed: int, unit: int) -> torch.Generator:
 def _masked_logp_sums(logits: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
     """logits [R, k, V], targets [R, k], masked [R, k] -> per row, the sum of log p(target) over its masked
     slots [R] (on the logits' device)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    picked = logp.gather(-1, targets.to(logp.device).unsqueeze(-1)).squeeze(-1)
-    return (picked * masked.to(logp.device)).sum(dim=1)
+    # Only the slots some row scores go through the softmax (a block's context tail and trailing masks do not).
+    cols = masked.any(dim=0).nonzero().flatten().tolist()  # host mask: no device read
+    logp = torch.log_softmax(logits[:, cols].float(), dim=-1)
+    picked = logp.gather(-1, targets[:, cols].to(logp.device).unsqueeze(-1)).squeeze(-1)
+    return (picked * masked[:, cols].to(logp.device)).sum(dim=1)
 
 
 def _guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
