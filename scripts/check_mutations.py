@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
          "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py",
          "tests/test_auto_budget.py", "tests/test_fused_attention.py", "tests/test_round_syncs.py",
-         "tests/test_likelihood.py"]
+         "tests/test_likelihood.py", "tests/test_batch.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -113,6 +113,10 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("likelihood: a group's shared rows read off by one pair", "lm_eval_spot/likelihood/scorer.py",
      "t.add(u[0].plan, all_sums[bounds[i] : bounds[i + 1]], forwards[i])",
      "t.add(u[0].plan, all_sums[bounds[i - 1] : bounds[i]] if i else all_sums[: bounds[1]], forwards[i])"),
+    ("a request's rows verified against another request's logits in the shared forward",
+     "lm_eval_spot/adapters/block_causal.py",
+     "out[i] = p.session.finish(p, logits[a:b], ids_dev[a:b])",
+     "out[i] = p.session.finish(p, (logits.roll(1, 0) if len(group) > 1 else logits)[a:b], ids_dev[a:b])"),
 ]
 
 

@@ -17,8 +17,9 @@ What the decoder relies on (every family must hold to it):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -101,5 +102,34 @@ class TargetAdapter(Protocol):
 
     # Optional: full_logits(prefix_ids, states) -> [R, L, V]: the same logits by a cache-free recomputation of
     # [prefix ; state] (the self-check's reference for the prefix cache).
-    # Optional: block_logits_many(items: list[(session, states)]) -> list[logits], several requests' states in as
-    # few forwards as the adapter can (each request's logits equal its own block_logits; one NFE each).
+
+
+@dataclass(frozen=True)
+class RowsCall:
+    """One request's round in a shared forward: its replica states [R, L] and, for a cross-block lookahead, the row
+    whose completion of the active block the next block's all-mask state is scored after (None: no lookahead)."""
+
+    session: Any
+    states: torch.Tensor
+    ahead: int | None = None
+
+
+@runtime_checkable
+class SharesForwards(Protocol):
+    """An adapter that runs several requests' rounds in shared forwards. Each request's logits equal those of its
+    own forward and each is charged one NFE."""
+
+    def forward_many(self, calls: Sequence[RowsCall]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Per call, in order: (logits [R, L, V] of its states, the lookahead row's [L, V] or None)."""
+        ...
+
+    def block_logits_many(self, items: Sequence[tuple[Any, torch.Tensor]]) -> list[torch.Tensor]:
+        """`block_logits` of several (session, states), without lookahead rows."""
+        ...
+
+
+@runtime_checkable
+class LooksAhead(Protocol):
+    """A session that scores the next block's first state in the same forward as the active block's states."""
+
+    def block_logits_ahead(self, states: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]: ...

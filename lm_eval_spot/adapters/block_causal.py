@@ -11,15 +11,31 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from lm_eval_spot.adapters.base import NFECounter, TargetInfo
-from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, use_prefix_attention
+from lm_eval_spot.adapters.base import NFECounter, RowsCall, TargetInfo
+from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, StackedPass, use_prefix_attention
 from lm_eval_spot.decoding.transfer import upload
 from lm_eval_spot.masks import allowed_to_additive, block_causal_allowed
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One request's part of a forward, before it runs: host ids and positions [B, W], its attention, and where its
+    rows sit among them (`head` leading rows of pending block, `rows` states, then the lookahead row if `ahead`)."""
+
+    session: BlockCausalSession
+    ids: torch.Tensor
+    pos: torch.Tensor
+    pp: PrefixPass
+    rows: int
+    ahead: bool
+    head: int
 
 
 class BlockCausalSession:
@@ -60,7 +76,7 @@ class BlockCausalSession:
         return self._kv
 
     def block_logits(self, states: torch.Tensor) -> torch.Tensor:
-        return self._forward(states, None)
+        return self._adapter.forward_many([RowsCall(self, states)])[0][0]
 
     def block_logits_ahead(self, states: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`block_logits(states)` plus, in the SAME forward (one NFE), the next block's logits [L, V] at its
@@ -69,10 +85,12 @@ class BlockCausalSession:
         makes that exactly the next block's first forward, up to float rounding). The other rows' logits are those
         of `block_logits(states)`. The completion's KV is not stored: the prefix changes only through commit_block.
         """
-        logits = self._forward(states, row)
-        return logits[:-1], logits[-1]
+        logits, ahead = self._adapter.forward_many([RowsCall(self, states, row)])[0]
+        assert ahead is not None
+        return logits, ahead
 
-    def _forward(self, states: torch.Tensor, ahead: int | None) -> torch.Tensor:
+    def plan(self, states: torch.Tensor, ahead: int | None) -> Plan:
+        """This request's part of a forward: its batch rows (ids and positions on the host) and its attention."""
         R, L = states.shape
         if L != self._adapter.info.block_len:
             raise ValueError(f"states must have block length {self._adapter.info.block_len}, got {L}")
@@ -80,7 +98,7 @@ class BlockCausalSession:
             raise ValueError(f"lookahead row {ahead} is not one of the {R} states")
         P = len(self._pending)
         if P == L:
-            return self._forward_pending_row(states, ahead)
+            return self._plan_pending_row(states, ahead)
         pend_pos = torch.arange(self._len, self._len + P)
         pos = torch.cat([pend_pos, self.block_start + torch.arange(L)]).unsqueeze(0).expand(R, -1)
         pending = torch.tensor(self._pending, dtype=torch.long)
@@ -100,12 +118,34 @@ class BlockCausalSession:
         mask = allowed_to_additive(allowed_new, self._adapter.dtype)[0]
         pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, record=P, ahead=None if ahead is None else (ahead, L),
                         kernel=self._adapter.kernel, dense=P == 0)
-        logits, ids_dev = self._adapter._run(ids, pos, pp, L)
-        self.device_states = ids_dev[:R, P:]
-        if P:
-            self._store(pp)
+        return Plan(self, ids, pos.contiguous(), pp, R, ahead is not None, head=0)
+
+    def _plan_pending_row(self, states: torch.Tensor, ahead: int | None) -> Plan:
+        """`plan` when exactly one block is pending (a later block's first round): that block rides as batch row
+        0, computed once, and the replica rows read its keys after the prefix (`PrefixPass.pending_row`)."""
+        R, L = states.shape
+        info, dev = self._adapter.info, self._adapter.device
+        start = self.block_start
+        ids = torch.cat([torch.tensor(self._pending, dtype=torch.long)[None], states.long()])
+        pos = torch.cat([torch.arange(self._len, self._len + L)[None], (start + torch.arange(L)).expand(R, -1)])
+        if ahead is not None:
+            ids = torch.cat([ids, torch.full((1, L), info.mask_id, dtype=torch.long)])
+            pos = torch.cat([pos, (start + L + torch.arange(L))[None]])
+        mask = torch.zeros(L, L, dtype=self._adapter.dtype, device=dev)  # bidirectional inside a block
+        pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, pending_row=True,
+                        ahead=None if ahead is None else (ahead + 1, L), kernel=self._adapter.kernel, dense=True)
+        return Plan(self, ids, pos, pp, R, ahead is not None, head=1)
+
+    def finish(self, plan: Plan, logits: torch.Tensor, ids_dev: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Take this request's rows of the forward: store the pending blocks it carried, count the NFE, and
+        return (the states' logits [R, L, V], the lookahead row's [L, V] or None)."""
+        R, h = plan.rows, plan.head
+        self.device_states = ids_dev[h : h + R, -self._adapter.info.block_len :]
+        if self._pending:
+            self._store(plan.pp)
         self.nfe.rounds += 1
-        return logits
+        return logits[h : h + R], (logits[h + R] if plan.ahead else None)
 
     def _store(self, pp: PrefixPass) -> None:
         """Append the pending blocks' keys and values, recorded by the forward just run, to the prefix cache."""
@@ -118,27 +158,6 @@ class BlockCausalSession:
             self._kv = [(torch.cat([k0, k1], -2), torch.cat([v0, v1], -2)) for (k0, v0), (k1, v1) in
                         zip(self._kv, new, strict=True)] if self._kv else [(k.clone(), v.clone()) for k, v in new]
         self._len, self._pending = self._len + len(self._pending), []
-
-    def _forward_pending_row(self, states: torch.Tensor, ahead: int | None) -> torch.Tensor:
-        """`_forward` when exactly one block is pending (a later block's first round): that block rides as batch
-        row 0, computed once, and the replica rows read its keys after the prefix (`PrefixPass.pending_row`)."""
-        R, L = states.shape
-        info, dev = self._adapter.info, self._adapter.device
-        start = self.block_start
-        ids = torch.cat([torch.tensor(self._pending, dtype=torch.long)[None], states.long()])
-        pos = torch.cat([torch.arange(self._len, self._len + L)[None], (start + torch.arange(L)).expand(R, -1)])
-        if ahead is not None:
-            ids = torch.cat([ids, torch.full((1, L), info.mask_id, dtype=torch.long)])
-            pos = torch.cat([pos, (start + L + torch.arange(L))[None]])
-        mask = torch.zeros(L, L, dtype=self._adapter.dtype, device=dev)  # bidirectional inside a block
-        pp = PrefixPass([(0, ids.shape[0], self._kv)], mask, pending_row=True,
-                        ahead=None if ahead is None else (ahead + 1, L), kernel=self._adapter.kernel, dense=True)
-        logits, ids_dev = self._adapter._run(ids, pos, pp, L)
-        logits = logits[1:]
-        self.device_states = ids_dev[1 : R + 1]
-        self._store(pp)
-        self.nfe.rounds += 1
-        return logits
 
     def fork(self) -> BlockCausalSession:
         """An independent session on the same prefix, with its own NFE count: the stored KV is shared (never
@@ -173,43 +192,43 @@ class BlockCausalAdapter:
         self.kernel = use_prefix_attention(self.model, attention)
         self.layers = [m.layer_idx for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
 
-    def block_logits_many(self, items: list[tuple[BlockCausalSession, torch.Tensor]]) -> list[torch.Tensor]:
-        """`block_logits` for several requests' states. Requests whose forward carries pending blocks (a block's
-        first round) run alone, as one forward each; all others share ONE forward (their rows are stacked, each
-        row range reading its own request's prefix), which counts one NFE for each of them. Every request's logits
-        equal its own `block_logits` (on the CPU bit for bit; tests check it)."""
-        out: list[torch.Tensor | None] = [None] * len(items)
-        shared = []
-        for i, (session, states) in enumerate(items):
-            if session.has_pending:
-                out[i] = session.block_logits(states)
+    def block_logits_many(self, items: Sequence[tuple[BlockCausalSession, torch.Tensor]]) -> list[torch.Tensor]:
+        """`block_logits` for several requests' states, in as few forwards as `forward_many` runs."""
+        return [lg for lg, _ in self.forward_many([RowsCall(s, st) for s, st in items])]
+
+    def forward_many(self, calls: Sequence[RowsCall]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Several requests' rounds in ONE forward per row width: each request's rows (its pending block, states
+        and lookahead row; its own prefix) are stacked with the others' and attend only their own keys
+        (`StackedPass`), so every request's logits equal its own forward's (on the CPU bit for bit; tests check
+        it) and each is charged one NFE. Rows of width L (every round but a request's first, whose prompt blocks
+        ride along) share one forward; a first round with several prompt blocks runs with those of its width."""
+        plans = [c.session.plan(c.states, c.ahead) for c in calls]
+        out: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [None] * len(calls)
+        by_width: dict[int, list[int]] = {}
+        for i, p in enumerate(plans):
+            by_width.setdefault(p.ids.shape[1], []).append(i)
+        L = self.info.block_len
+        for idx in by_width.values():
+            group = [plans[i] for i in idx]
+            if len(group) == 1:
+                pp: PrefixPass | StackedPass = group[0].pp
+                ids, pos = group[0].ids, group[0].pos
             else:
-                shared.append(i)
-        if len(shared) == 1:
-            i = shared[0]
-            out[i] = items[i][0].block_logits(items[i][1])
-        elif shared:
-            L = self.info.block_len
-            segments, ids, pos, a = [], [], [], 0
-            for i in shared:
-                session, states = items[i]
-                if states.shape[1] != L:
-                    raise ValueError(f"states must have block length {L}, got {states.shape[1]}")
-                R = states.shape[0]
-                segments.append((a, a + R, session.prefix_kv))
-                ids.append(states.long())
-                pos.append((session.block_start + torch.arange(L)).expand(R, -1))
-                a += R
-            mask = torch.zeros(L, L, dtype=self.dtype, device=self.device)  # bidirectional inside the block
-            pp = PrefixPass(segments, mask, kernel=self.kernel, dense=True)
-            logits, ids_dev = self._run(torch.cat(ids), torch.cat(pos), pp, L)
-            for (first, end, _), i in zip(segments, shared, strict=True):
-                items[i][0].nfe.rounds += 1
-                items[i][0].device_states = ids_dev[first:end]
-                out[i] = logits[first:end]
+                bounds, a = [], 0
+                for p in group:
+                    bounds.append((a, a + p.ids.shape[0]))
+                    a += p.ids.shape[0]
+                pp = StackedPass([(a, b, p.pp) for (a, b), p in zip(bounds, group, strict=True)])
+                ids, pos = torch.cat([p.ids for p in group]), torch.cat([p.pos for p in group])
+            logits, ids_dev = self._run(ids, pos, pp, L)
+            a = 0
+            for i, p in zip(idx, group, strict=True):
+                b = a + p.ids.shape[0]
+                out[i] = p.session.finish(p, logits[a:b], ids_dev[a:b])
+                a = b
         return [o for o in out if o is not None]
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, pp: PrefixPass, keep: int
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, pp: PrefixPass | StackedPass, keep: int
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward of host ids [B, N] at positions [B, N] with prefix attention (both uploaded in one copy)
         -> (logits [B, keep, V] float32, the ids on the device)."""

@@ -230,6 +230,19 @@ class PrefixPass:
         return out.transpose(1, 2).contiguous()
 
 
+@dataclass(frozen=True)
+class StackedPass:
+    """Several requests' passes in ONE forward: request i owns batch rows [first_i, end_i) and its own `PrefixPass`
+    (prefix, pending block, lookahead row), built exactly as for its forward alone. Each layer runs every pass on
+    its own rows, so a request's attention arithmetic is the one it gets alone; only the dense layers see the
+    stacked batch."""
+
+    parts: list[tuple[int, int, PrefixPass]]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+        return torch.cat([pp.attend(layer, q[a:b], k[a:b], v[a:b], scaling) for a, b, pp in self.parts], dim=0)
+
+
 def _shared_piece(kernel: LseKernel, qg: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, scaling: float
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """qg [R, kv, g, N, d] against ONE key set kp/vp [1, kv, P, d] read by all rows: rows and groups folded into

@@ -2,8 +2,8 @@
 
 Each live request is a `RequestDecode` with its own state, noise, proposer (stateful proposers are forked per
 request: `for_request`) and stop condition. Every step asks each for its next round's replica states, runs them
-through the target in as few forwards as the adapter can (`block_logits_many`: one shared forward for every
-request between block starts), and applies each request's round. Finished requests leave and queued ones join,
+through the target in as few forwards as the adapter can (`SharesForwards.forward_many`: one shared forward for
+every live request, their pending blocks and lookahead rows included), and applies each request's round. Finished requests leave and queued ones join,
 so the batch stays full. A request's output never depends on its batch-mates: its rows' arithmetic is its own.
 """
 
@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.adapters.base import RowsCall, SharesForwards, TargetAdapter
 from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecode, RoundObserver,
                                         StopCheck, run_round)
 from lm_eval_spot.decoding.proposer import Proposer
@@ -49,7 +49,6 @@ def decode_many(
     results: list[DecodeResult | None] = [None] * len(jobs)
     queue = deque(range(len(jobs)))
     live: list[tuple[int, RequestDecode]] = []
-    many = getattr(adapter, "block_logits_many", None)
     while queue or live:
         while queue and len(live) < batch_size:
             i = queue.popleft()
@@ -58,11 +57,10 @@ def decode_many(
                                           j.verify, timed=batch_size == 1)))
         step = [(i, req, req.next_states()) for i, req in live]
         step = [(i, req, st) for i, req, st in step if st is not None]
-        # A round with a lookahead row runs as its own forward (it is one NFE either way); the rest share.
-        shared = [(req.session, st) for _, req, st in step if req.ahead_row is None]
-        shared_logits = iter(many(shared) if many is not None else [s.block_logits(st) for s, st in shared])
-        outs = [run_round(req, st) if req.ahead_row is not None else (next(shared_logits), None)
-                for _, req, st in step]
+        if isinstance(adapter, SharesForwards):
+            outs = adapter.forward_many([RowsCall(req.session, st, req.ahead_row) for _, req, st in step])
+        else:
+            outs = [run_round(req, st) for _, req, st in step]
         for (i, req, _), (lg, ahead) in zip(step, outs, strict=True):
             try:
                 req.advance(lg, ahead)

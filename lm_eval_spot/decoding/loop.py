@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from lm_eval_spot.adapters.base import NFECounter, TargetAdapter
+from lm_eval_spot.adapters.base import LooksAhead, NFECounter, TargetAdapter
 from lm_eval_spot.decoding.observe import PendingCommits
 from lm_eval_spot.decoding.noise import gumbel_rows, mix_seed
 from lm_eval_spot.decoding.proposer import Proposer, RoundContext, RoundRun
@@ -172,7 +172,8 @@ def run_round(req: RequestDecode, states: torch.Tensor) -> tuple[torch.Tensor, t
     """The target forward of one request's round: logits of `states`, and the lookahead logits when it asked."""
     if req.ahead_row is None:
         return req.session.block_logits(states), None
-    return req.session.block_logits_ahead(states, req.ahead_row)  # type: ignore[attr-defined]
+    assert isinstance(req.session, LooksAhead)
+    return req.session.block_logits_ahead(states, req.ahead_row)
 
 
 class RequestDecode:
@@ -230,7 +231,7 @@ class RequestDecode:
         self.ahead = LookaheadCount()
         self._carry: torch.Tensor | None = None  # the next block's logits from a lookahead row
         self._can_look = (proposer is not None and cfg.lookahead and not cfg.pad_rows
-                          and callable(getattr(self.session, "block_logits_ahead", None)))
+                          and isinstance(self.session, LooksAhead))
         # The round in flight (set by next_states, read by advance).
         self._tree = DraftTree.empty()
         self._states: torch.Tensor | None = None

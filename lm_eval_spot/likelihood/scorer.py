@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.adapters.base import SharesForwards, TargetAdapter
 from lm_eval_spot.adapters.bidirectional import raw_positions
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.likelihood.masks import MaskPlan, combine, plan_for
@@ -87,14 +87,6 @@ Call = BlockCall | SequenceCall
 # of its pairs step together) and receives their logits in the same order; it returns its pairs' estimates.
 Request = Generator[list[Call], list[torch.Tensor], list[Estimate]]
 Steps = Generator[list[Call], list[torch.Tensor], None]
-
-
-@runtime_checkable
-class SharesBlockForwards(Protocol):
-    """An adapter that runs several requests' block states in one forward (each request's logits equal its own
-    `block_logits`)."""
-
-    def block_logits_many(self, items: list[tuple[Any, torch.Tensor]]) -> list[torch.Tensor]: ...
 
 
 @runtime_checkable
@@ -323,7 +315,7 @@ def _run_calls(adapter: TargetAdapter, calls: list[Call]) -> list[torch.Tensor]:
     """Run the live requests' pending forwards, sharing forwards where the adapter can."""
     out: list[torch.Tensor | None] = [None] * len(calls)
     blocks = [i for i, c in enumerate(calls) if isinstance(c, BlockCall)]
-    if len(blocks) > 1 and isinstance(adapter, SharesBlockForwards):
+    if len(blocks) > 1 and isinstance(adapter, SharesForwards):
         got = adapter.block_logits_many([(calls[i].session, calls[i].states) for i in blocks])  # type: ignore[union-attr]
         for i, g in zip(blocks, got, strict=True):
             out[i] = g

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     rows, outputs, k = [], {}, 0
     for T in args.temps:
-        cfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T)
+        cfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T, lookahead=args.lookahead)
         for N in args.sizes:
             order = configs[k % len(configs):] + configs[: k % len(configs)]  # rotated per (T, N)
             k += 1
@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         mine = outputs[(r["mode"], r["budget"], r["temperature"], r["batch_size"])]
         r["identical_to_bs1"] = None if one is None else sum(a == b for a, b in zip(one, mine, strict=True))
     return {"command": "python -m lm_eval_spot.research.batch_bench " + " ".join(args.argv), "sizes": args.sizes,
+            "lookahead": args.lookahead,
             "machine": {"platform": platform.platform(), "threads": args.threads, "torch": torch.__version__,
                         "device": args.device}, "rows": rows}
 
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-graph", dest="graph_mode", action="store_false", help="leave out the calibrated graph")
     ap.add_argument("--graph", default=None, help="draft graph JSON (default: the shipped one)")
     ap.add_argument("--temps", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                    help="decode without cross-block lookahead (the model's default decoder has it)")
     ap.add_argument("--max-gen-toks", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
