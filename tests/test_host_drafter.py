@@ -71,6 +71,21 @@ def test_numpy_pass_equals_the_torch_model(cfg, scale):
         assert (got.candidate == ref.candidate).all()
 
 
+@pytest.mark.parametrize("cfg", [{}, {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "slot_embedding": False,
+                                      "relative_slots": True}])
+def test_a_batch_of_rounds_gets_each_rounds_own_tables_bit_for_bit(cfg):
+    """prepare_many (several requests' rounds in one stacked pass, as the batched decoder drafts) gives every
+    round exactly the tables it gets alone, so drafting never depends on the batch a request decodes in."""
+    host = HostEncoder.of(random_factored(2, **cfg))
+    for L in (8, 32):
+        ctxs = [context(10 + i, L, (1.0, 40.0)[i % 2], 0.0, i % 5, i % 3) for i in range(6)]
+        many = host.prepare_many([(c.stale, c.committed_before, c.eligible) for c in ctxs])
+        for c, got in zip(ctxs, many, strict=True):
+            alone = host.prepare(c.stale, c.committed_before, c.eligible)
+            for name in ("base", "pair_t", "last_t", "length_t", "candidate"):
+                assert (getattr(got, name) == getattr(alone, name)).all(), name
+
+
 def test_learned_order_uses_the_numpy_pass_on_the_cpu_only_for_factored_models():
     from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
 

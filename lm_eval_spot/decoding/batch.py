@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from lm_eval_spot.adapters.base import RowsCall, SharesForwards, TargetAdapter
 from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecode, RoundObserver,
                                         StopCheck, run_round)
-from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.decoding.proposer import Proposer, prepare_batch
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,10 @@ def decode_many(
             j = jobs[i]
             live.append((i, RequestDecode(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
                                           j.verify, timed=batch_size == 1)))
-        step = [(i, req, req.next_states()) for i, req in live]
-        step = [(i, req, st) for i, req, st in step if st is not None]
+        going = [(i, req) for i, req in live if req.start_round()]
+        # The drafter's per-round work for every drafting request at once (one stacked pass per order source).
+        prepared = prepare_batch([(req.proposer, req.draft_ctx) for _, req in going])
+        step = [(i, req, req.plan_round(p)) for (i, req), p in zip(going, prepared, strict=True)]
         if isinstance(adapter, SharesForwards):
             outs = adapter.forward_many([RowsCall(req.session, st, req.ahead_row) for _, req, st in step])
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -243,6 +243,9 @@ class RequestDecode:
         self._completion: torch.Tensor | None = None
         self._t_round = self._t_forward = 0.0
         self._fwd_mark: object = None
+        self._stale: Stale | None = None
+        self._lead_edge: tuple[int, int] | None = None
+        self.draft_ctx: RoundContext | None = None  # set by start_round when the round drafts
         self._start_block()
 
     def _start_block(self) -> None:
@@ -267,8 +270,14 @@ class RequestDecode:
 
     def next_states(self) -> torch.Tensor | None:
         """The replica states [1 + D, L] of the next round (root first), or None when the request is done."""
+        return self.plan_round() if self.start_round() else None
+
+    def start_round(self) -> bool:
+        """Begin the next round up to the proposer's call: finish full blocks, summarise the stale logits, and set
+        `draft_ctx` (what the proposer will read; None when this round drafts nothing). False once finished.
+        A batch's caller may then compute the drafter's per-round work for all requests at once (`plan_round`)."""
         if self.result is not None:
-            return None
+            return False
         mask_id = self.adapter.info.mask_id
         while not bool(((self.state == mask_id) & self.window).any()):
             self.done_ids.extend(self.state[self.window].tolist())
@@ -278,12 +287,9 @@ class RequestDecode:
         self._t_round = time.perf_counter()
         self._pending = int(getattr(self.session, "pending_blocks", 0))
         eligible = (self.state == mask_id) & self.window
-        tree = DraftTree.empty()
-        self._q = None
         # Rejection sampling drafts nothing in a block's first round (its proposal q needs stale conditionals).
         self._asked = self.proposer is not None and (not self.rejection or self.stale_src is not None)
-        stale: Stale | None = None
-        lead: tuple[int, int] | None = None
+        self._stale, self._lead_edge, self.draft_ctx = None, None, None
         if self.proposer is not None and self._asked:
             # Under rejection, positions come from the proposer at T=0 (they never depend on sampled tokens)
             # and tokens are drawn from q.
@@ -294,16 +300,31 @@ class RequestDecode:
             base = self.state.clone()
             if lead is not None:
                 base[lead[0]] = lead[1]
-            tree = self.proposer.propose(RoundContext(base, (base == mask_id) & self.window, base != mask_id, stale,
-                                                      temp, noise, mask_id, self.block, self.prev_path,
-                                                      self.prev_round, self._pending))
+            self._stale, self._lead_edge = stale, lead
+            self.draft_ctx = RoundContext(base, (base == mask_id) & self.window, base != mask_id, stale, temp, noise,
+                                          mask_id, self.block, self.prev_path, self.prev_round, self._pending)
+        return True
+
+    def plan_round(self, prepared: object = None) -> torch.Tensor:
+        """The round's replica states after `start_round`: the proposer's tree (from `prepared`, the order
+        source's per-round work for `draft_ctx` when the caller computed it, else its own), compiled, with the
+        lookahead row and padding."""
+        tree = DraftTree.empty()
+        self._q = None
+        stale, lead = self._stale, self._lead_edge
+        if self.draft_ctx is not None:
+            assert self.proposer is not None
+            ctx = self.draft_ctx if prepared is None else replace(self.draft_ctx, prepared=prepared)
+            tree = self.proposer.propose(ctx)
             if lead is not None:
                 tree = _under_lead(tree, lead, getattr(self.proposer, "budget", None))
             if self.rejection:
+                src = self.stale_src
                 assert src is not None
                 self._q = proposal_probs(src, list(tree.pos), self.cfg.temperature)
                 rng = torch.Generator().manual_seed(mix_seed("draft", self.seed, self.block, self.rounds))
                 tree = sample_chain_tokens(tree, self._q, rng)
+        self.draft_ctx = None
         self._fresh = False
         self._led = lead is not None
         self._tree = tree

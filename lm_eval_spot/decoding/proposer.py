@@ -5,8 +5,9 @@ Control decoding is the proposer that drafts nothing; every drafting method shar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -45,6 +46,9 @@ class RoundContext:
     # Finished blocks this round's forward also writes into the target's cache (a block's first round on a
     # block-causal target: one, or the prompt's complete blocks in the first round): each row costs more.
     pending: int = 0
+    # The order source's once-per-round work for this context, computed by the caller for a whole batch of
+    # requests at once (`drafter.proposer.prepare_batch`); None: the proposer computes it.
+    prepared: Any = None
 
 
 class Proposer(Protocol):
@@ -52,6 +56,33 @@ class Proposer(Protocol):
 
     # Optional: `budget` (int), the most states a round of this proposer drafts. The loop keeps a tree it extends
     # (cross-block lookahead's leading edge) within it; without it, within the tree's own size.
+
+
+@runtime_checkable
+class PreparesInBatches(Protocol):
+    """A proposer whose order source's per-round work can run for several requests' rounds at once. Requests
+    whose proposers share one `order` (a stateful proposer's per-request forks do) are prepared together."""
+
+    order: Any
+
+    def prepare_many(self, ctxs: Sequence[RoundContext]) -> list[Any]: ...
+
+
+def prepare_batch(pairs: Sequence[tuple[Any, RoundContext | None]]) -> list[Any]:
+    """For each (proposer, its round's context or None): the per-round work computed in one call per shared
+    order source, or None where the proposer does its own (a lone request, other proposers, a block's first
+    round without stale conditionals)."""
+    out: list[Any] = [None] * len(pairs)
+    groups: dict[int, tuple[PreparesInBatches, list[int]]] = {}
+    for i, (prop, ctx) in enumerate(pairs):
+        if isinstance(prop, PreparesInBatches) and ctx is not None and ctx.stale is not None:
+            groups.setdefault(id(prop.order), (prop, []))[1].append(i)
+    for prop, idx in groups.values():
+        if len(idx) > 1:
+            ctxs = [pairs[i][1] for i in idx]
+            for i, prep in zip(idx, prop.prepare_many(ctxs), strict=True):  # type: ignore[arg-type]
+                out[i] = prep
+    return out
 
 
 def token_hypotheses(ctx: RoundContext, hedge_below: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -76,10 +76,23 @@ class LearnedOrder:
         # The model may sit on an accelerator (next to the target); the tree logic stays on the CPU.
         return self.model.prepare(stale, committed, eligible)
 
+    def prepare_many(self, ctxs: Sequence[RoundContext]) -> list[Any]:
+        """`begin` for several requests' rounds: one stacked numpy pass on the CPU path."""
+        if self.host is not None and len({int(c.state.shape[0]) for c in ctxs}) == 1:
+            return list(self.host.prepare_many([(c.stale, c.committed_before, c.eligible) for c in ctxs]))
+        return [self.begin(c) for c in ctxs]
+
     def node_probs(self, prep: Any, depth_maps: torch.Tensor) -> torch.Tensor:
         if isinstance(prep, HostTables):
             return torch.from_numpy(prep.node_probs(depth_maps.numpy()))
         return self.model.node_probs(prep, depth_maps)
+
+
+@runtime_checkable
+class PreparesMany(Protocol):
+    """An order source whose per-round work runs for several requests' rounds at once."""
+
+    def prepare_many(self, ctxs: Sequence[RoundContext]) -> list[Any]: ...
 
 
 class StaleConfidenceOrder:
@@ -117,6 +130,12 @@ class TreeProposer:
     def budget(self) -> int:
         return self.cfg.budget
 
+    def prepare_many(self, ctxs: Sequence[RoundContext]) -> list[Any]:
+        """The order source's per-round work for several requests' rounds (`RoundContext.prepared`)."""
+        if isinstance(self.order, PreparesMany):
+            return self.order.prepare_many(ctxs)
+        return [self.order.begin(c) for c in ctxs]
+
     def propose(self, ctx: RoundContext) -> DraftTree:
         return self.grow(ctx).tree
 
@@ -125,7 +144,7 @@ class TreeProposer:
             return GrownTree(DraftTree.empty())  # a block's first round: no stale conditionals to draft from
         D = self.cfg.budget
         L = ctx.state.shape[0]
-        prep = self.order.begin(ctx)
+        prep = ctx.prepared if ctx.prepared is not None else self.order.begin(ctx)
         hyp_tok_t, hyp_p_t = token_hypotheses(ctx, self.cfg.hedge_below)
         n_elig = int(ctx.eligible.sum())
         if isinstance(prep, HostTables) and not self.levelwise:
