@@ -234,7 +234,7 @@ class _Seen:
         return DraftTree.empty()
 
 
-def test_the_loop_reports_each_rounds_rows_and_time_only_when_the_request_runs_alone():
+def test_the_loop_reports_each_rounds_rows_and_time_alone_and_in_a_shared_forward():
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many
 
     ad = _adapter()
@@ -253,9 +253,14 @@ def test_the_loop_reports_each_rounds_rows_and_time_only_when_the_request_runs_a
     long_prompt = _Seen()  # 2 complete prompt blocks ride along with the first forward
     decode(ad, list(range(4, 4 + 35)), cfg, seed=3, proposer=long_prompt)
     assert long_prompt.pending[0] == 2 and long_prompt.seen[1].pending == 2
+    # In a shared forward each request is told its own rows and a cost below the whole round's: its host work
+    # plus its rows' share of the forward (here half: both requests run one row).
     together = [_Seen(), _Seen()]
     decode_many(ad, [DecodeJob([4, 5, 6], cfg, 3, proposer=p) for p in together], batch_size=2)
-    assert all(s is None for p in together for s in p.seen) and together[0].seen
+    for p in together:
+        assert p.seen[0] is None and len(p.seen) == r.rounds
+        assert all(s.rows == 1 and s.ms > 0 and not s.ahead for s in p.seen[1:])
+        assert [k - 1 for k, s in enumerate(p.seen) if s is not None and s.pending] == reported
 
 
 def test_a_requests_own_acceptance_scale_starts_at_one_and_follows_its_verdicts():

@@ -9,6 +9,7 @@ so the batch stays full. A request's output never depends on its batch-mates: it
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from lm_eval_spot.adapters.base import RowsCall, SharesForwards, TargetAdapter
 from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecode, RoundObserver,
                                         StopCheck, run_round)
 from lm_eval_spot.decoding.proposer import Proposer, prepare_batch
+from lm_eval_spot.decoding.transfer import sync
 
 
 @dataclass(frozen=True)
@@ -55,19 +57,42 @@ def decode_many(
             j = jobs[i]
             live.append((i, RequestDecode(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
                                           j.verify, timed=batch_size == 1)))
-        going = [(i, req) for i, req in live if req.start_round()]
+        # Each request's round cost as the batch sees it: its own host work plus its rows' share of the forward
+        # (a proposer that prices rows, budget=auto, learns the shared forward's cost per row from it).
+        host: dict[int, float] = {}
+        going = []
+        for i, req in live:
+            t0 = time.perf_counter()
+            if req.start_round():
+                going.append((i, req))
+            host[i] = time.perf_counter() - t0
         # The drafter's per-round work for every drafting request at once (one stacked pass per order source).
+        t0 = time.perf_counter()
         prepared = prepare_batch([(req.proposer, req.draft_ctx) for _, req in going])
-        step = [(i, req, req.plan_round(p)) for (i, req), p in zip(going, prepared, strict=True)]
+        each = (time.perf_counter() - t0) / max(1, sum(p is not None for p in prepared))
+        step = []
+        for (i, req), p in zip(going, prepared, strict=True):
+            t0 = time.perf_counter()
+            step.append((i, req, req.plan_round(p)))
+            host[i] += time.perf_counter() - t0 + (each if p is not None else 0.0)
+        t0 = time.perf_counter()
         if isinstance(adapter, SharesForwards):
             outs = adapter.forward_many([RowsCall(req.session, st, req.ahead_row) for _, req, st in step])
         else:
             outs = [run_round(req, st) for _, req, st in step]
+        if batch_size > 1:
+            sync(adapter.device)  # the forward's own time (on an accelerator the call returns before it runs)
+        forward = time.perf_counter() - t0
+        total_rows = max(1, sum(req.rows for _, req, _ in step))
         for (i, req, _), (lg, ahead) in zip(step, outs, strict=True):
+            t0 = time.perf_counter()
             try:
                 req.advance(lg, ahead)
             except NonFiniteLogitsError as err:
                 raise NonFiniteLogitsError(err.block, err.round, request=i) from None  # which job, for the caller
+            if batch_size > 1:
+                own = host[i] + time.perf_counter() - t0
+                req.shared_round_ran(1000 * (own + forward * req.rows / total_rows))
         still = []
         for i, req in live:
             if req.result is None:

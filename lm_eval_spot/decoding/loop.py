@@ -246,6 +246,7 @@ class RequestDecode:
         self._stale: Stale | None = None
         self._lead_edge: tuple[int, int] | None = None
         self.draft_ctx: RoundContext | None = None  # set by start_round when the round drafts
+        self._round_ahead = False
         self._start_block()
 
     def _start_block(self) -> None:
@@ -447,9 +448,21 @@ class RequestDecode:
         forward = self.clock.seconds(self._fwd_mark, fwd_end)
         draft = self._t_forward - self._t_round
         self.timing.add(draft=draft, forward=forward, rest=max(0.0, t_end - self._t_round - draft - forward))
+        self._round_ahead = ahead_row
         if self.timed:
             self.prev_round = RoundRun(self._rows, 1000 * (t_end - self._t_round), ahead_row, self._pending)
         self._check_stop()
+
+    def shared_round_ran(self, ms: float) -> None:
+        """The round just applied ran in a forward shared with other requests: report it to the proposer as
+        costing `ms` (the caller's measure: this request's own host work plus its rows' share of the forward),
+        so a proposer that prices rows learns what a row costs in the batch's forward, not alone."""
+        self.prev_round = RoundRun(self._rows, ms, self._round_ahead, self._pending)
+
+    @property
+    def rows(self) -> int:
+        """Rows of the round in flight's forward (padding included)."""
+        return self._rows
 
     def _check_stop(self) -> None:
         """Stops are read from the contiguous committed prefix: it is final, whatever the commit order."""
