@@ -98,3 +98,23 @@ def test_batch_bench_reports_every_method_against_control_at_each_batch_size(tmp
         if r["mode"] == "control":
             assert r["throughput_vs_control"] == 1.0
     assert "throughput vs control at N" in (tmp_path / "table.md").read_text()
+
+
+def test_batch_bound_charges_spot_the_forwards_it_runs_and_nothing_for_drafting(tmp_path):
+    """The bound's arithmetic from its own measured parts: control's per-request cost (its forward share and host
+    work) over SPOT's per-commit cost at the same N (its rows' forward share plus control's host work, over the
+    commits per round)."""
+    from lm_eval_spot.research import batch_bound
+
+    batch_bound.main(["--n", "3", "--sizes", "2", "--budgets", "1", "3", "--max-gen-toks", "24", "--repeats", "3",
+                      "--threads", "1", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "results.json").read_text())
+    s = res["sizes"]["2"]
+    f, h = {int(k): v for k, v in s["forward_ms"].items()}, s["control_host_ms_per_request_round"]
+    assert set(f) == {1, 2, 4} and h > 0
+    for r in s["bounds"]:
+        c = res["commits_per_round"][str(r["D"])]
+        assert 1.0 <= c <= 1 + r["D"] + 1  # a round commits its own transition, its accepted nodes, a lead edge
+        want = (f[1] / 2 + h) / ((f[1 + r["D"]] / 2 + h) / c)
+        assert abs(r["bound"] - want) < 1e-9 and abs(r["forward_only"] - f[1] / (f[1 + r["D"]] / c)) < 1e-9
+    assert "bound: SPOT / control" in (tmp_path / "table.md").read_text()

@@ -145,13 +145,19 @@ def test_spot_equals_control(loaded, fam, impl, mode, T, drafter):
 
 @pytest.mark.parametrize("impl,mode", MODES)
 @pytest.mark.parametrize("fam", FAMS)
-def test_batched_requests_equal_one_at_a_time(loaded, fam, impl, mode):
+@pytest.mark.parametrize("method", ["control", "spot"])
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_batched_requests_equal_one_at_a_time(loaded, fam, impl, mode, T, method):
+    """Control and SPOT at batch size 3: each request's ids and forwards are its own."""
     ad = loaded(fam, impl, mode).adapter
     prompts = [[50, 51], list(range(60, 67)), [70, 71, 72, 73]]
-    cfg = DecodeConfig(max_gen_toks=9, temperature=1.0)
-    alone = [decode(ad, p, cfg, seed=i).token_ids for i, p in enumerate(prompts)]
-    jobs = [DecodeJob(p, cfg, seed=i) for i, p in enumerate(prompts)]
-    assert [r.token_ids for r in decode_many(ad, jobs, batch_size=3)] == alone
+    cfg = DecodeConfig(max_gen_toks=9, temperature=T, lookahead=True)
+    prop = SpotProposer(random_drafter(5), TreeConfig(budget=4)) if method == "spot" else None
+    alone = [decode(ad, p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
+    jobs = [DecodeJob(p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
+    together = decode_many(ad, jobs, batch_size=3)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert [r.nfe.total for r in together] == [r.nfe.total for r in alone]
 
 
 def mask_logit_never_wins(model, mask: int):

@@ -146,13 +146,20 @@ def test_spot_equals_control(loaded, fam, impl, T, drafter):
         assert spot.nfe.total <= control.nfe.total
 
 
+@pytest.mark.parametrize("method", ["control", "spot"])
+@pytest.mark.parametrize("T", [0.0, 1.0])
 @pytest.mark.parametrize("fam,impl", TARGETS)
-def test_batched_requests_equal_one_at_a_time(loaded, fam, impl):
+def test_batched_requests_equal_one_at_a_time(loaded, fam, impl, T, method):
+    """Control and SPOT (cross-block lookahead on) at batch size 3: each request's ids and forwards are its own."""
     ad = loaded(fam, impl).adapter
     prompts = [[50, 51], list(range(60, 60 + ad.info.block_len + 2)), [70, 71, 72, 73, 74]]
-    jobs = [DecodeJob(p, cfg_of(1.0), seed=i) for i, p in enumerate(prompts)]
-    alone = [decode(ad, p, cfg_of(1.0), seed=i).token_ids for i, p in enumerate(prompts)]
-    assert [r.token_ids for r in decode_many(ad, jobs, batch_size=3)] == alone
+    cfg = DecodeConfig(max_gen_toks=ad.info.block_len + 6, temperature=T, lookahead=True)
+    prop = SpotProposer(random_drafter(5), TreeConfig(budget=4)) if method == "spot" else None
+    alone = [decode(ad, p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
+    jobs = [DecodeJob(p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
+    together = decode_many(ad, jobs, batch_size=3)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert [r.nfe.total for r in together] == [r.nfe.total for r in alone]
 
 
 def test_sdar_native_and_remote_logits_agree(loaded, capsys):
