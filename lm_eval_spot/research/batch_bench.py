@@ -18,6 +18,7 @@ import logging
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +27,21 @@ import torch
 log = logging.getLogger("lm_eval_spot.research.batch_bench")
 
 
-def configurations(budgets: list[int], auto: bool, graph: bool) -> list[tuple[str, int | str | None]]:
+def configurations(budgets: list[int], auto: bool, graph: bool, extra: Sequence[str] = ()
+                   ) -> list[tuple[str, int | str | None]]:
+    """(method label, budget) pairs; `extra` names further drafters, each a SPOT configuration `spot[NAME]`."""
     out: list[tuple[str, int | str | None]] = [("control", None)]
     out += [("graph", D) for D in budgets] if graph else []
-    out += [("spot", D) for D in budgets]
-    out += [("spot", "auto")] if auto else []
+    for label in ["spot"] + [f"spot[{name}]" for name in extra]:
+        out += [(label, D) for D in budgets]
+        out += [(label, "auto")] if auto else []
     return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
     from lm_eval_spot.baselines.graph import RankGraph
-    from lm_eval_spot.config import default_graph_path, drafter_for, parse_args
+    from lm_eval_spot.config import SHIPPED_DRAFTERS, default_graph_path, drafter_for, parse_args, shipped_drafter_path
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig
     from lm_eval_spot.drafter.model import load_drafter
@@ -51,20 +55,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loaded = load_target(parse_args({"pretrained": args.target, "mode": "control", "device": args.device}))
     adapter, tok = loaded.adapter, loaded.tokenizer
     drafter_path = drafter_for(parse_args({"pretrained": args.target, "mode": "control", "drafter": args.drafter}))
-    drafter = load_drafter(drafter_path, adapter.info.block_len)[0]  # on the host, as in a run
+    drafters = {"spot": load_drafter(drafter_path, adapter.info.block_len)[0]}  # on the host, as in a run
+    extra = dict(d.split("=", 1) if "=" in d else (d, str(shipped_drafter_path(d)) if d in SHIPPED_DRAFTERS else d)
+                 for d in args.drafters)
+    for name, path in extra.items():
+        drafters[f"spot[{name}]"] = load_drafter(Path(path), adapter.info.block_len)[0]
     graph = RankGraph.load(Path(args.graph or default_graph_path())) if args.graph_mode else None
     docs = TaskSource(args.tasks, args.n, eos=tok.eos_token).prompts
     prompts = [tok(d.context, add_special_tokens=False)["input_ids"] for d in docs]
     detok = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     stops = [make_stop_check(detok, list(d.until)) for d in docs]
-    configs = configurations(args.budgets, args.auto, args.graph_mode)
-    costs = measure_costs(adapter, drafter, gen_length=args.max_gen_toks) if args.auto else None
+    configs = configurations(args.budgets, args.auto, args.graph_mode, list(extra))
+    costs = {label: measure_costs(adapter, d, gen_length=args.max_gen_toks) for label, d in drafters.items()} \
+        if args.auto else {}
 
-    def proposer(mode: str, budget: int | str | None) -> Any:
+    def proposer(label: str, budget: int | str | None) -> Any:
+        drafter = drafters.get(label, drafters["spot"])
         if budget == "auto":
-            assert costs is not None
-            return AutoBudgetProposer(LearnedOrder(drafter), TreeConfig(budget=costs.max_budget), costs)
-        return make_proposer(MethodSpec(mode, int(budget or 1)), drafter, graph)
+            c = costs[label]
+            return AutoBudgetProposer(LearnedOrder(drafter), TreeConfig(budget=c.max_budget), c)
+        return make_proposer(MethodSpec(label.split("[")[0], int(budget or 1)), drafter, graph)
 
     rows, outputs, k = [], {}, 0
     for T in args.temps:
@@ -87,7 +97,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log.info("T=%g N=%d %s D=%s: %.1f tok/s, %.1f NFE/sample", T, N, mode, budget, gen / wall,
                          rows[-1]["nfe_per_sample"])
         if args.invariant:  # batch_invariant=true: one request at a time, every forward padded to one row count
-            pcfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T, pad_rows=1 + max(args.budgets + ([costs.max_budget] if costs else [])))
+            pad = 1 + max(args.budgets + [c.max_budget for c in costs.values()])
+            pcfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T, pad_rows=pad)
             for mode, budget in configs:
                 prop = proposer(mode, budget)
                 jobs = [DecodeJob(ids, pcfg, args.seed * 1_000_003 + i, stops[i], for_request(prop))
@@ -132,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(default_target_path()))
     ap.add_argument("--drafter", default=None)
+    ap.add_argument("--drafters", nargs="*", default=[],
+                    help="further drafters run as SPOT configurations spot[NAME]: NAME=PATH, or a shipped name "
+                         "(small, transfer)")
     ap.add_argument("--tasks", default="spot_arith", help="lm-eval generation task (its prompts and stops)")
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32], help="batch sizes N")
