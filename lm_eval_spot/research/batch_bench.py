@@ -13,7 +13,6 @@ batch_size=1 run (when 1 is among --sizes). Writes results.json and table.md.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from lm_eval_spot.research.report import report
 
 log = logging.getLogger("lm_eval_spot.research.batch_bench")
 
@@ -171,12 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     args.argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     res = run(args)
-    table = markdown(res)
-    log.info("\n%s", table)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(res, indent=2))
-        (args.out / "table.md").write_text(table + "\n")
+    report(log, res, markdown(res), args.out)
 
 
 if __name__ == "__main__":

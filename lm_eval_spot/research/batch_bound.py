@@ -19,7 +19,6 @@ drafting only adds work). `forward_only` is the same with h = 0. Writes results.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from lm_eval_spot.research.report import report
 
 log = logging.getLogger("lm_eval_spot.research.batch_bound")
 
@@ -161,12 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     args.argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     res = run(args)
-    table = markdown(res)
-    log.info("\n%s", table)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(res, indent=2))
-        (args.out / "table.md").write_text(table + "\n")
+    report(log, res, markdown(res), args.out)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.transfer import sync
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+from lm_eval_spot.research.report import report
 
 log = logging.getLogger("lm_eval_spot.research.scale_probe")
 
@@ -500,12 +501,7 @@ def main(argv: list[str] | None = None) -> None:
     args.dtype = args.dtype or "float32"
     args.shape = args.shape or "qwen3-small"
     res = probe(args)
-    table = markdown(res)
-    log.info("\n%s", table)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "scale_probe.json").write_text(json.dumps(res, indent=2))
-        (args.out / "scale_probe.md").write_text(table + "\n")
+    report(log, res, markdown(res), args.out, ("scale_probe.json", "scale_probe.md"))
 
 
 if __name__ == "__main__":
