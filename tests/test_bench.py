@@ -118,3 +118,22 @@ def test_batch_bound_charges_spot_the_forwards_it_runs_and_nothing_for_drafting(
         want = (f[1] / 2 + h) / ((f[1 + r["D"]] / 2 + h) / c)
         assert abs(r["bound"] - want) < 1e-9 and abs(r["forward_only"] - f[1] / (f[1 + r["D"]] / c)) < 1e-9
     assert "bound: SPOT / control" in (tmp_path / "table.md").read_text()
+
+
+def test_record_cost_times_control_with_and_without_recording_and_keeps_the_records(tmp_path):
+    """Both arms decode the same ids; the records kept are one copy per request, and the bytes and commits reported
+    are the shards' own."""
+    from safetensors.torch import load_file
+
+    from lm_eval_spot.research import record_cost
+
+    record_cost.main(["--n", "3", "--repeats", "2", "--max-gen-toks", "24", "--data", str(tmp_path / "data"),
+                      "--out", str(tmp_path / "out")])
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert res["ids_unchanged"] == "3/3" and res["control_s"] > 0 and res["recording_s"] > 0
+    shards = sorted((tmp_path / "data" / "records").glob("rec_*.safetensors"))
+    assert res["shards"] == len(shards) == 1
+    assert res["bytes"] == sum(p.stat().st_size for p in shards)
+    pos = load_file(str(shards[0]))["pos"]
+    assert res["commits"] == len(pos) and res["commits"] >= res["generated_tokens"] > 0
+    assert "added (sum)" in (tmp_path / "out" / "table.md").read_text()
