@@ -49,7 +49,7 @@ def top_k_probs(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     R, V = probs.shape
     if (probs.device.type == "cpu" and probs.dtype == torch.float32 and R >= PARTITION_MIN_ROWS
             and k < V <= PARTITION_MAX_V):
-        a = probs.numpy()
+        a = probs.detach().numpy()
         part = np.partition(a, V - k, axis=-1)[:, V - k :]
         part.sort(axis=-1)
         # numpy's argmax (the first maximal index, like torch's) is several times faster here than torch's
