@@ -131,6 +131,7 @@ def test_record_cost_times_control_with_and_without_recording_and_keeps_the_reco
                       "--out", str(tmp_path / "out")])
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert res["ids_unchanged"] == "3/3" and res["control_s"] > 0 and res["recording_s"] > 0
+    assert 0 < res["own_s"] < res["recording_s"] and len(res["per_prompt_ms"]["control"]) == 3
     shards = sorted((tmp_path / "data" / "records").glob("rec_*.safetensors"))
     assert res["shards"] == len(shards) == 1
     assert res["bytes"] == sum(p.stat().st_size for p in shards)

@@ -118,6 +118,7 @@ class DecodeResult:
     host_bytes: int = 0  # bytes read back from the target's device (what a GPU run transfers)
     timing: RoundTiming = field(default_factory=lambda: RoundTiming())
     lookahead: LookaheadCount = field(default_factory=lambda: LookaheadCount())
+    observe_s: float = 0.0  # of wall_s: holding and summarising the commits for an observer (recording's own work)
 
 
 def _first_stop(ids: list[int], stop_ids: frozenset[int]) -> int | None:
@@ -491,5 +492,5 @@ class RequestDecode:
             self.observed.flush()  # before the clock stops: the observers' work is part of the request's time
         self.result = DecodeResult(ids, reason, self.session.nfe, self.committed, self.rounds, self.drafted,
                                    self.accepted, time.perf_counter() - self.t0, self.link.bytes, self.timing,
-                                   self.ahead)
+                                   self.ahead, self.observed.seconds if self.observed is not None else 0.0)
 
