@@ -204,7 +204,10 @@ class SpotDLM(LM):
         bar.close()
         if self.recording is not None:
             self.recording.flush()
-            log.info("spot-dlm: drafter_data: %s", self.recording.summary())
+            r = self.recording.summary()
+            log.info("spot-dlm: drafter_data: %d requests, %d commits in %d shards (%.1f MB) in %s; recording took "
+                     "%.2f s, %.1f%% of this process's decoding time", r["requests"], r["commits"], r["shards"],
+                     r["bytes"] / 1e6, r["folder"], r["seconds"], 100 * r["seconds"] / max(self._decode_s, 1e-9))
         if jobs:
             self.stats.add_call(time.perf_counter() - t_call, self._decode_s - decode_s)
         # Multi-process runs log the summed summary at lm-eval's barrier, which every rank reaches (a rank whose
@@ -295,8 +298,8 @@ class SpotDLM(LM):
         recs = [self.recording.recorder() for _ in chunk] if self.recording is not None else None
         out = self._decode_jobs(chunk, proposers, recs)
         if recs is not None:
-            for rec in recs:
-                self.recording.add(rec)
+            for rec, (_, res) in zip(recs, out, strict=True):
+                self.recording.add(rec, res.observe_s)
         self._decode_s += time.perf_counter() - t0
         return out
 

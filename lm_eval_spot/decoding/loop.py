@@ -74,7 +74,9 @@ class RoundObserver(Protocol):
         """state/eligible [L] before the commit; `stale` summarises the target logits computed at that state."""
         ...
 
-    # Optional: on_verify(block, tree, path, target_pos, target_tok) is called once per round when defined
+    # Optional: on_commits(batch: observe.CommitBatch) replaces on_commit when defined (the commits of several
+    # rounds at once, in order, with no per-commit work); on_verify(block, tree, path, target_pos, target_tok) is
+    # called once per round when defined
     # (the drafted tree, the accepted nodes and the target's own transition at every node).
 
 

@@ -19,6 +19,7 @@ from lm_eval_spot.decoding.transition import row_chunks
 TOP_K = 32  # the paper's drafter reads the stale top-32 probabilities
 # `top_k_probs` partitions on the CPU for at least this many rows of at most this many tokens (measured there).
 PARTITION_MIN_ROWS, PARTITION_MAX_V = 256, 4096
+SORT_MAX_V = 512  # up to this many tokens a full sort of each row beats partitioning it (measured there)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,11 @@ def top_k_probs(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     if (probs.device.type == "cpu" and probs.dtype == torch.float32 and R >= PARTITION_MIN_ROWS
             and k < V <= PARTITION_MAX_V):
         a = probs.detach().numpy()
-        part = np.partition(a, V - k, axis=-1)[:, V - k :]
-        part.sort(axis=-1)
+        if V <= SORT_MAX_V:  # a whole-row sort is the faster selection there (0.47 us a row against 0.65 at V = 293)
+            part = np.sort(a, axis=-1)[:, V - k :]
+        else:
+            part = np.partition(a, V - k, axis=-1)[:, V - k :]
+            part.sort(axis=-1)
         # numpy's argmax (the first maximal index, like torch's) is several times faster here than torch's
         top1 = np.argmax(a, axis=-1)
         others = a.copy()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from lm_eval_spot.decoding.observe import CommitBatch
 from lm_eval_spot.drafter.features import TOP_K, node_status, prob_features
 
 
@@ -60,30 +61,34 @@ class TrajectoryRecorder:
 
     def __init__(self, sample_id: int, block_offset: int, top_k: int = TOP_K) -> None:
         self.sample_id, self.block_offset, self.top_k = sample_id, block_offset, top_k
-        self.rows: list[tuple] = []
+        self.batches: list[CommitBatch] = []
+
+    def on_commits(self, batch: CommitBatch) -> None:
+        # Kept as given (no per-commit ops: on small targets they cost as much as a forward's share); the batch's
+        # tensors are its own. Converted once, in `result`.
+        self.batches.append(batch)
 
     def on_commit(self, block, state, eligible, stale, pos, tok) -> None:
-        # Kept as given (no per-commit ops: on small targets they cost as much as a forward's share); the decoder
-        # hands over tensors it no longer changes. Converted once, in `result`.
-        self.rows.append((stale.topk[:, : self.top_k], stale.confidence, stale.log1m, stale.top_ids[:, 0],
-                          eligible, state, pos, tok, self.block_offset + block))
+        self.on_commits(CommitBatch([block], state[None], eligible[None], stale.topk[None], stale.top_ids[None],
+                                    stale.log1m[None], [pos], [tok]))
 
     def result(self, mask_id: int) -> Trajectories | None:
-        if not self.rows:
+        bs = [b for b in self.batches if len(b)]
+        if not bs:
             return None
-        vals, conf, log1m, top1, elig, states, pos, tok, blk = zip(*self.rows, strict=True)
-        st = torch.stack(states)
+        topk = torch.cat([b.topk[..., : self.top_k] for b in bs])
+        block = [x for b in bs for x in b.block]
         return Trajectories(
-            topk=torch.stack(vals).half(),
-            conf=torch.stack(conf).float(),
-            log1m=torch.stack(log1m).float(),
-            top1=torch.stack(top1).int(),
-            committed=st != mask_id,
-            eligible=torch.stack(elig),
-            pos=torch.tensor(pos, dtype=torch.long),
-            tok=torch.tensor(tok, dtype=torch.long),
-            block_id=torch.tensor(blk, dtype=torch.long),
-            sample_id=torch.full((len(pos),), self.sample_id, dtype=torch.long),
+            topk=topk.half(),
+            conf=topk[..., 0].float(),
+            log1m=torch.cat([b.log1m for b in bs]).float(),
+            top1=torch.cat([b.top_ids[..., 0] for b in bs]).int(),
+            committed=torch.cat([b.state for b in bs]) != mask_id,
+            eligible=torch.cat([b.eligible for b in bs]),
+            pos=torch.tensor([x for b in bs for x in b.pos], dtype=torch.long),
+            tok=torch.tensor([x for b in bs for x in b.tok], dtype=torch.long),
+            block_id=torch.tensor(block, dtype=torch.long) + self.block_offset,
+            sample_id=torch.full((len(block),), self.sample_id, dtype=torch.long),
         )
 
 

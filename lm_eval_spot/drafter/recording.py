@@ -47,6 +47,7 @@ class DrafterDataWriter:
         self.pending: list[Trajectories] = []
         self.n_requests = self.n_shards = self.n_commits = self._next = 0
         self.bytes_written = 0
+        self.seconds = 0.0  # recording's own work: observing the commits, handing them over, writing shards
 
     def _claim(self, target: str, block_len: int) -> None:
         """Write collect.json if the folder is new; else check that it holds this block length."""
@@ -80,17 +81,21 @@ class DrafterDataWriter:
         self._next += 1
         return TrajectoryRecorder(self._next - 1, block_offset=(self._next - 1) * 100_000)
 
-    def add(self, rec: TrajectoryRecorder) -> None:
+    def add(self, rec: TrajectoryRecorder, observe_s: float = 0.0) -> None:
+        """One finished request's records; observe_s: what observing them cost its decode (`DecodeResult`)."""
+        t0 = time.perf_counter()
         t = rec.result(self.mask_id)
         self.n_requests += 1
         if t is not None:
             self.pending.append(t)
+        self.seconds += observe_s + time.perf_counter() - t0
         if len(self.pending) >= FLUSH_EVERY:
             self.flush()
 
     def flush(self) -> None:
         if not self.pending:
             return
+        t0 = time.perf_counter()
         traj = Trajectories.concat(self.pending)
         path = self.folder / f"{self.prefix}_{self.n_shards:05d}.safetensors"
         save_tensors_atomic(traj.to_dict(), path)
@@ -98,7 +103,8 @@ class DrafterDataWriter:
         self.n_commits += len(traj.pos)
         self.n_shards += 1
         self.pending = []
+        self.seconds += time.perf_counter() - t0
 
     def summary(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "requests": self.n_requests, "commits": self.n_commits,
-                "shards": self.n_shards, "bytes": self.bytes_written}
+                "shards": self.n_shards, "bytes": self.bytes_written, "seconds": round(self.seconds, 3)}
