@@ -35,7 +35,8 @@ REQUIRED = {"block_type": "llama", "layer_norm_type": "rms", "rope": True, "alib
 IGNORED = ("architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
            "mask_token_id", "use_cache", "flash_attention", "init_device", "init_fn", "init_std", "init_cutoff_factor",
            "precision", "attention_dropout", "embedding_dropout", "residual_dropout", "mlp_ratio",
-           "alibi_bias_max", "rope_full_precision", "attention_layer_norm_with_affine", "clip_qkv")
+           "alibi_bias_max", "rope_full_precision", "attention_layer_norm_with_affine", "clip_qkv",
+           "block_length")  # the project's own LLaDA-layout targets name their block length (the default block_len)
 # LLaDA weight name -> Llama weight name (regex, applied by transformers while loading)
 KEY_MAPPING = {
     r"^model\.transformer\.wte\.": "model.embed_tokens.",

@@ -9,6 +9,12 @@ eos to a multiple of L. The input is [clean blocks ; noisy copy of all blocks]: 
 in the prefix cache. Each noisy block draws t ~ U(eps, 1] and masks every answer position (never the prompt) with
 probability t; the loss is cross-entropy on masked positions, logits position-aligned (position i predicts token i).
 
+`--attention bidirectional` trains a fully bidirectional target instead (LLaDA's architecture in transformers' Llama
+classes): each sequence is a canvas of the prompt and --max-new positions in whole blocks from the prompt's end
+(answer, eos, eos padding), with one active block per row partly masked, the blocks before it clean and every
+block after it all masks (the states semi-autoregressive decoding meets); the loss is on the active block's masked
+positions. It is saved as a LLaDA checkpoint (`research/llada_checkpoint.py`), run by the `llada` family.
+
 Reruns with the same --out resume from DIR/checkpoint.pt. At the end DIR/final/ holds the safetensors model
 (config.block_length = 32) and the tokenizer, and DIR/eval.json the exact match of greedy one-commit-per-forward
 decoding on the first --eval-n test problems.
@@ -73,6 +79,9 @@ class TrainConfig:
     mask_eps: float = 1e-3
     loss_weight: str = "mean"  # "mean": mean CE over masked tokens; "inv_t": MDLM/SDAR 1/t-weighted ELBO
     block_len: int = 32
+    # "block_causal": the SDAR recipe above (Qwen3 layout). "bidirectional": every position attends every other
+    # (LLaDA's layout, saved as a LLaDA checkpoint); trained on the states semi-autoregressive decoding meets.
+    attention: str = "block_causal"
     ckpt_every: int = 250
     log_every: int = 50
     val_every: int = 500
@@ -87,7 +96,11 @@ class TrainConfig:
 # ----------------------------------------------------------------------------------------------------- model
 
 
-def build_model(mc: ModelConfig, tok, block_len: int):
+def build_model(mc: ModelConfig, tok, block_len: int, attention: str = "block_causal"):
+    if attention == "bidirectional":
+        return build_bidirectional_model(mc, tok)
+    if attention != "block_causal":
+        raise ValueError(f"attention must be block_causal or bidirectional, got {attention!r}")
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
@@ -109,6 +122,28 @@ def build_model(mc: ModelConfig, tok, block_len: int):
     cfg.block_length = block_len
     cfg.mask_token_id = tok.mask_token_id
     return Qwen3ForCausalLM(cfg)
+
+
+def build_bidirectional_model(mc: ModelConfig, tok):
+    """LLaDA's architecture in transformers' Llama classes (what the `llada` family runs natively)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=mc.hidden,
+        intermediate_size=mc.intermediate or 4 * mc.hidden,
+        num_hidden_layers=mc.layers,
+        num_attention_heads=mc.heads,
+        num_key_value_heads=mc.kv_heads,
+        max_position_embeddings=mc.max_positions,
+        rope_theta=mc.rope_theta,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(cfg)
 
 
 def count_params(model) -> int:
@@ -167,6 +202,45 @@ def make_batch(
         t=t,
         n_targets=int(target.sum()),
     )
+
+
+def make_bidirectional_batch(
+    seqs: list[tuple[list[int], int]], block_len: int, gen_len: int, mask_id: int, eos_id: int, eps: float,
+    g: torch.Generator,
+) -> Batch:
+    """Fully bidirectional canvases as semi-autoregressive decoding meets them: prompt, then `gen_len` positions
+    (whole blocks from the prompt's end: answer, eos, eos padding). Per row one block k (up to the block holding
+    the first eos) is the active one: blocks before it clean, its positions masked with probability t ~ U(eps, 1],
+    every block after it all masks. The loss is on the active block's masked positions. Rows are right-padded to
+    the batch's longest canvas; their padding is invisible to every position."""
+    L = block_len
+    G = math.ceil(gen_len / L) * L
+    B = len(seqs)
+    N = max(p for _, p in seqs) + G
+    labels = torch.full((B, N), eos_id, dtype=torch.long)
+    noisy = torch.empty_like(labels)
+    masked = torch.zeros(B, N, dtype=torch.bool)
+    visible = torch.zeros(B, N, dtype=torch.bool)
+    t = torch.ones(B, N)
+    n_targets = 0
+    for i, (ids, p) in enumerate(seqs):
+        if len(ids) - p > G:
+            raise ValueError(f"an answer of {len(ids) - p} tokens (eos included) exceeds the canvas' {G}")
+        labels[i, : len(ids)] = torch.tensor(ids)
+        visible[i, : p + G] = True
+        k = int(torch.randint(0, (len(ids) - 1 - p) // L + 1, (1,), generator=g))  # the eos's block at most
+        a, b = p + k * L, p + (k + 1) * L
+        ratio = eps + (1.0 - eps) * float(torch.rand(1, generator=g))
+        masked[i, a:b] = torch.rand(L, generator=g) < ratio
+        t[i, a:b] = ratio
+        n_targets += L
+        noisy[i] = labels[i]
+        noisy[i, a:b] = torch.where(masked[i, a:b], mask_id, labels[i, a:b])
+        noisy[i, b : p + G] = mask_id
+    allowed = visible[:, None, None, :] | torch.eye(N, dtype=torch.bool)  # padding sees itself: no NaN rows
+    additive = torch.zeros(B, 1, N, N).masked_fill_(~allowed, float("-inf"))
+    return Batch(input_ids=noisy, position_ids=torch.arange(N).unsqueeze(0), attention_mask=additive, labels=labels,
+                 masked=masked, t=t, n_targets=n_targets)
 
 
 def batch_loss(model, batch: Batch, loss_weight: str) -> tuple[torch.Tensor, float]:
@@ -240,19 +314,50 @@ def greedy_decode(model, prompt_ids: list[int], block_len: int, mask_id: int, eo
     return seq[start:].tolist()
 
 
+@torch.inference_mode()
+def greedy_decode_bidirectional(model, prompt_ids: list[int], block_len: int, mask_id: int, eos_id: int,
+                                max_new: int) -> list[int]:
+    """Semi-autoregressive greedy decoding of a fully bidirectional target, one commit per forward: the canvas is
+    the prompt and max_new positions (whole blocks from the prompt's end), all masks; blocks are decoded in order,
+    each forward running the whole canvas, committing the active block's most confident masked slot (its argmax
+    token). Stops once an eos is committed with everything before it committed. Returns the ids before the eos."""
+    P = len(prompt_ids)
+    G = math.ceil(max_new / block_len) * block_len
+    seq = torch.tensor(prompt_ids + [mask_id] * G, dtype=torch.long)
+    pos = torch.arange(seq.numel())[None]
+    mask = torch.zeros(1, 1, seq.numel(), seq.numel())
+    for b0 in range(P, P + G, block_len):
+        b1 = b0 + block_len
+        while bool((seq[b0:b1] == mask_id).any()):
+            logits = model(input_ids=seq[None], attention_mask=mask, position_ids=pos, use_cache=False).logits
+            logits = logits[0, b0:b1].float()
+            logits[:, mask_id] = float("-inf")
+            conf, tok = logits.softmax(-1).max(-1)
+            is_masked = seq[b0:b1] == mask_id
+            j = int(torch.where(is_masked, conf, torch.full_like(conf, -1.0)).argmax())
+            seq[b0 + j] = tok[j]
+            if int(tok[j]) == eos_id and not bool((seq[P : b0 + j] == mask_id).any()):
+                out = seq[P:].tolist()
+                return out[: out.index(eos_id)]
+    out = seq[P:].tolist()
+    return out[: out.index(eos_id)] if eos_id in out else out
+
+
 def extract_answer(text: str) -> str | None:
     m = STRICT_RE.search(text)
     return m.group(1) if m else None
 
 
-def evaluate(model, tok, problems: list[gen.Problem], block_len: int, max_new: int) -> dict:
-    """Exact match of the strict '#### N' answer under greedy_decode."""
+def evaluate(model, tok, problems: list[gen.Problem], block_len: int, max_new: int,
+             attention: str = "block_causal") -> dict:
+    """Exact match of the strict '#### N' answer under greedy_decode (greedy_decode_bidirectional)."""
     was_training = model.training
     model.eval()
     samples = []
+    decode = greedy_decode_bidirectional if attention == "bidirectional" else greedy_decode
     for p in problems:
         prompt = tok.encode(gen.make_prompt(p["question"]), add_special_tokens=False)
-        out = greedy_decode(model, prompt, block_len, tok.mask_token_id, tok.eos_token_id, max_new)
+        out = decode(model, prompt, block_len, tok.mask_token_id, tok.eos_token_id, max_new)
         text = tok.decode(out)
         pred = extract_answer(text)
         samples.append({"question": p["question"], "final": p["final"], "pred": pred, "output": text})
@@ -305,7 +410,7 @@ def _train(cfg: TrainConfig) -> Path:
     L = cfg.block_len
 
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, tok, L)
+    model = build_model(cfg.model, tok, L, cfg.attention)
     model.train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -324,6 +429,8 @@ def _train(cfg: TrainConfig) -> Path:
         if state["model_config"] != dataclasses.asdict(cfg.model):
             raise ValueError(f"{ckpt_path} was trained with {state['model_config']}, not {cfg.model}")
         recorded = state.get("run_config")
+        if recorded is not None:
+            recorded = {"attention": "block_causal", **recorded}  # runs from before the field existed
         if recorded is not None and recorded != _run_config(cfg):
             diff = ", ".join(f"{k}={recorded.get(k)!r} (now {v!r})" for k, v in _run_config(cfg).items()
                              if recorded.get(k) != v)
@@ -376,7 +483,11 @@ def _train(cfg: TrainConfig) -> Path:
             for group in optim.param_groups:
                 group["lr"] = lr
             seqs = [encode_problem(tok, next(stream)) for _ in range(cfg.batch)]
-            batch = make_batch(seqs, L, tok.mask_token_id, tok.eos_token_id, cfg.mask_eps, mask_gen)
+            if cfg.attention == "bidirectional":
+                batch = make_bidirectional_batch(seqs, L, cfg.max_new, tok.mask_token_id, tok.eos_token_id,
+                                                 cfg.mask_eps, mask_gen)
+            else:
+                batch = make_batch(seqs, L, tok.mask_token_id, tok.eos_token_id, cfg.mask_eps, mask_gen)
             loss, acc = batch_loss(model, batch, cfg.loss_weight)
             optim.zero_grad(set_to_none=True)
             loss.backward()
@@ -404,7 +515,7 @@ def _train(cfg: TrainConfig) -> Path:
                 )
                 loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
             if cfg.val_every and step % cfg.val_every == 0 and cfg.val_n:
-                r = evaluate(model, tok, val, L, cfg.max_new)
+                r = evaluate(model, tok, val, L, cfg.max_new, cfg.attention)
                 log.info("step %d val exact_match %.3f (n=%d)", step, r["exact_match"], r["n"])
             if step % cfg.ckpt_every == 0:
                 checkpoint()
@@ -415,16 +526,21 @@ def _train(cfg: TrainConfig) -> Path:
         return out
 
     final = out / "final"
-    model.config.block_length = L
     model.eval()
-    model.save_pretrained(final, safe_serialization=True)
+    if cfg.attention == "bidirectional":
+        from lm_eval_spot.research.llada_checkpoint import save_as_llada
+
+        save_as_llada(model, final, tok.mask_token_id, L)
+    else:
+        model.config.block_length = L
+        model.save_pretrained(final, safe_serialization=True)
     tok.save_pretrained(final)
     log.info("saved %s (%d parameters, %.1f min of training)", final, n_params, train_s / 60)
 
     if cfg.eval_n:
         t0 = time.perf_counter()
         test = gen.make_split("test", gen.TEST_SIZE)[: cfg.eval_n]
-        r = evaluate(model, tok, test, L, cfg.max_new)
+        r = evaluate(model, tok, test, L, cfg.max_new, cfg.attention)
         train_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "model"}
         r.update(
             eval_s=time.perf_counter() - t0,
