@@ -111,3 +111,21 @@ def test_spot_equals_control_on_the_bidirectional_target(bidirectional_target, T
         spot = decode(adapter, prompt, cfg, seed=i, proposer=SpotProposer(drafter, TreeConfig(budget=6)))
         assert spot.token_ids == ctrl.token_ids
         assert spot.nfe.total <= ctrl.nfe.total
+
+
+def test_full_mask_rows_mask_every_generated_position_with_one_ratio():
+    g = torch.Generator().manual_seed(1)
+    seqs = [(list(range(1, 6)) + list(range(10, 21)) + [EOS], 5), (list(range(1, 4)) + [30, 31, EOS], 3)]
+    seen_late_clean = False
+    for _ in range(30):
+        b = make_bidirectional_batch(seqs, 4, 16, MASK, EOS, 1e-3, g, full_mask_frac=1.0)
+        for i, (ids, p) in enumerate(seqs):
+            row = b.input_ids[i]
+            gen_masks = (row == MASK).nonzero().flatten()
+            assert torch.equal(gen_masks, b.masked[i].nonzero().flatten())  # the loss on every masked position
+            assert row[:p].tolist() == ids[:p] and bool(((gen_masks >= p) & (gen_masks < p + 16)).all())
+            assert bool((b.t[i, p : p + 16] == b.t[i, p]).all())
+            # unlike the semi-autoregressive rows, a clean position may follow a masked one
+            if len(gen_masks) and bool((row[int(gen_masks[0]) : p + 16] != MASK).any()):
+                seen_late_clean = True
+    assert seen_late_clean

@@ -82,6 +82,10 @@ class TrainConfig:
     # "block_causal": the SDAR recipe above (Qwen3 layout). "bidirectional": every position attends every other
     # (LLaDA's layout, saved as a LLaDA checkpoint); trained on the states semi-autoregressive decoding meets.
     attention: str = "block_causal"
+    # bidirectional only: the share of rows masked LLaDA's way instead (every generated position, the eos padding
+    # included, masked with one probability t; the loss on all of them): ten times the supervision of a row's one
+    # active block, on states semi-autoregressive decoding does not meet
+    full_mask_frac: float = 0.0
     ckpt_every: int = 250
     log_every: int = 50
     val_every: int = 500
@@ -206,13 +210,14 @@ def make_batch(
 
 def make_bidirectional_batch(
     seqs: list[tuple[list[int], int]], block_len: int, gen_len: int, mask_id: int, eos_id: int, eps: float,
-    g: torch.Generator,
+    g: torch.Generator, full_mask_frac: float = 0.0,
 ) -> Batch:
     """Fully bidirectional canvases as semi-autoregressive decoding meets them: prompt, then `gen_len` positions
     (whole blocks from the prompt's end: answer, eos, eos padding). Per row one block k (up to the block holding
     the first eos) is the active one: blocks before it clean, its positions masked with probability t ~ U(eps, 1],
-    every block after it all masks. The loss is on the active block's masked positions. Rows are right-padded to
-    the batch's longest canvas; their padding is invisible to every position."""
+    every block after it all masks. The loss is on the active block's masked positions. A `full_mask_frac` share
+    of rows is masked LLaDA's way instead: every generated position with one probability t, the loss on all of
+    them. Rows are right-padded to the batch's longest canvas; their padding is invisible to every position."""
     L = block_len
     G = math.ceil(gen_len / L) * L
     B = len(seqs)
@@ -231,9 +236,11 @@ def make_bidirectional_batch(
         k = int(torch.randint(0, (len(ids) - 1 - p) // L + 1, (1,), generator=g))  # the eos's block at most
         a, b = p + k * L, p + (k + 1) * L
         ratio = eps + (1.0 - eps) * float(torch.rand(1, generator=g))
-        masked[i, a:b] = torch.rand(L, generator=g) < ratio
+        if full_mask_frac > 0 and float(torch.rand(1, generator=g)) < full_mask_frac:
+            a, b = p, p + G
+        masked[i, a:b] = torch.rand(b - a, generator=g) < ratio
         t[i, a:b] = ratio
-        n_targets += L
+        n_targets += b - a
         noisy[i] = labels[i]
         noisy[i, a:b] = torch.where(masked[i, a:b], mask_id, labels[i, a:b])
         noisy[i, b : p + G] = mask_id
@@ -430,7 +437,7 @@ def _train(cfg: TrainConfig) -> Path:
             raise ValueError(f"{ckpt_path} was trained with {state['model_config']}, not {cfg.model}")
         recorded = state.get("run_config")
         if recorded is not None:
-            recorded = {"attention": "block_causal", **recorded}  # runs from before the field existed
+            recorded = {"attention": "block_causal", "full_mask_frac": 0.0, **recorded}  # runs from before the field existed
         if recorded is not None and recorded != _run_config(cfg):
             diff = ", ".join(f"{k}={recorded.get(k)!r} (now {v!r})" for k, v in _run_config(cfg).items()
                              if recorded.get(k) != v)
@@ -485,7 +492,7 @@ def _train(cfg: TrainConfig) -> Path:
             seqs = [encode_problem(tok, next(stream)) for _ in range(cfg.batch)]
             if cfg.attention == "bidirectional":
                 batch = make_bidirectional_batch(seqs, L, cfg.max_new, tok.mask_token_id, tok.eos_token_id,
-                                                 cfg.mask_eps, mask_gen)
+                                                 cfg.mask_eps, mask_gen, cfg.full_mask_frac)
             else:
                 batch = make_batch(seqs, L, tok.mask_token_id, tok.eos_token_id, cfg.mask_eps, mask_gen)
             loss, acc = batch_loss(model, batch, cfg.loss_weight)
