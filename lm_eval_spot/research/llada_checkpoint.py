@@ -38,13 +38,24 @@ def llada_name(name: str) -> str:
     return f"{_TOP[module]}.{kind}"
 
 
+def rope_theta(cfg: Any) -> float:
+    """Plain RoPE's base, where transformers 4.x (`rope_theta`) and 5.x (`rope_parameters`) keep it."""
+    theta = getattr(cfg, "rope_theta", None)
+    if theta is not None:
+        return float(theta)
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if params.get("rope_type", "default") != "default" or "rope_theta" not in params:
+        raise ValueError(f"LLaDA's layout has plain RoPE; this model's is {params}")
+    return float(params["rope_theta"])
+
+
 def llada_config(cfg: Any, mask_id: int, block_len: int) -> dict[str, Any]:
     """A LlamaConfig as LLaDA's config fields (every field the `llada` family requires, at the Llama value)."""
     return {
         "architectures": ["LLaDAModelLM"], "model_type": "llada",
         "d_model": cfg.hidden_size, "n_heads": cfg.num_attention_heads, "n_kv_heads": cfg.num_key_value_heads,
         "n_layers": cfg.num_hidden_layers, "mlp_hidden_size": cfg.intermediate_size,
-        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": rope_theta(cfg),
         "max_sequence_length": cfg.max_position_embeddings, "weight_tying": bool(cfg.tie_word_embeddings),
         "activation_type": cfg.hidden_act, "vocab_size": cfg.vocab_size, "embedding_size": cfg.vocab_size,
         "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id, "bos_token_id": cfg.bos_token_id,
