@@ -100,14 +100,9 @@ class TrainConfig:
 # ----------------------------------------------------------------------------------------------------- model
 
 
-def build_model(mc: ModelConfig, tok, block_len: int, attention: str = "block_causal"):
-    if attention == "bidirectional":
-        return build_bidirectional_model(mc, tok)
-    if attention != "block_causal":
-        raise ValueError(f"attention must be block_causal or bidirectional, got {attention!r}")
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(
+def _config_kwargs(mc: ModelConfig, tok) -> dict:
+    """What both layouts' transformers configs share: the sizes, tied embeddings, the tokenizer's ids."""
+    return dict(
         vocab_size=len(tok),
         hidden_size=mc.hidden,
         intermediate_size=mc.intermediate or 4 * mc.hidden,
@@ -123,6 +118,16 @@ def build_model(mc: ModelConfig, tok, block_len: int, attention: str = "block_ca
         pad_token_id=tok.pad_token_id,
         attn_implementation="sdpa",
     )
+
+
+def build_model(mc: ModelConfig, tok, block_len: int, attention: str = "block_causal"):
+    if attention == "bidirectional":
+        return build_bidirectional_model(mc, tok)
+    if attention != "block_causal":
+        raise ValueError(f"attention must be block_causal or bidirectional, got {attention!r}")
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(**_config_kwargs(mc, tok))
     cfg.block_length = block_len
     cfg.mask_token_id = tok.mask_token_id
     return Qwen3ForCausalLM(cfg)
@@ -132,22 +137,7 @@ def build_bidirectional_model(mc: ModelConfig, tok):
     """LLaDA's architecture in transformers' Llama classes (what the `llada` family runs natively)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=mc.hidden,
-        intermediate_size=mc.intermediate or 4 * mc.hidden,
-        num_hidden_layers=mc.layers,
-        num_attention_heads=mc.heads,
-        num_key_value_heads=mc.kv_heads,
-        max_position_embeddings=mc.max_positions,
-        rope_theta=mc.rope_theta,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(LlamaConfig(**_config_kwargs(mc, tok)))
 
 
 def count_params(model) -> int:
