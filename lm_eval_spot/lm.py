@@ -26,6 +26,7 @@ from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogi
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.drafter.recording import DrafterDataWriter
+from lm_eval_spot.gen_kwargs import GenKwargsError, parse_gen_kwargs
 from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
 from lm_eval_spot.likelihood.harness import LikelihoodStats, format_likelihood
 from lm_eval_spot.likelihood.runner import LikelihoodRunner, RunnerSetup
@@ -56,6 +57,12 @@ def _sample_entry(context: str, r: DecodeResult, unknown: int) -> dict[str, Any]
 
 class RequestError(SpotUserError):
     """A request the target cannot decode as asked (e.g. longer than its context); raised before any decoding."""
+
+
+def _request_name(req: Any) -> str:
+    """'task gsm8k, doc 3' from lm-eval's Instance (its fields may be unset outside the harness)."""
+    task, doc = getattr(req, "task_name", None), getattr(req, "doc_id", None)
+    return f"task {task}, doc {doc}" if task is not None else f"prompt ending {_preview(req.args[0])}"
 
 
 def _preview(text: str, n: int = 50) -> str:
@@ -196,7 +203,7 @@ class SpotDLM(LM):
                 done = self._generate_chunk(chunk, c % 2 == 1)
                 for k, (job, (text, result)) in enumerate(zip(chunk, done, strict=True)):
                     out[start + k] = text
-                    self._record(result, job.cfg.temperature)
+                    self._record(result, job.cfg)
                     self.sample_log.append(_sample_entry(job.context, result, self.text.count_unknown(result.token_ids)))
                     self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
                     bar.update(1)
@@ -235,8 +242,9 @@ class SpotDLM(LM):
         for rank_stats, rank_paired, rank_log, _, rank_lik, rank_lik_samples in parts:
             likelihood.merge(rank_lik)
             lik_samples.extend(rank_lik_samples)
-            for s, t in zip(rank_stats.samples, rank_stats.temperatures, strict=True):
-                stats.add(s, t)
+            for s, t, (top_k, top_p) in zip(rank_stats.samples, rank_stats.temperatures, rank_stats.truncations,
+                                            strict=True):
+                stats.add(s, t, top_k, top_p)
             if paired is not None and rank_paired is not None:
                 paired.extend(rank_paired)
             samples.extend(rank_log)
@@ -304,20 +312,27 @@ class SpotDLM(LM):
         return out
 
     def _plan(self, requests: list[Any]) -> list[_Job]:
-        from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
+        from lm_eval.models.utils import handle_stop_sequences
 
         jobs: list[_Job] = []
         prev, k = None, 0
+        ignored_truncation = 0
         for req in requests:
             context, raw_kwargs = req.args[0], req.args[1]
-            kw = normalize_gen_kwargs(dict(raw_kwargs), default_max_gen_toks=DEFAULT_MAX_GEN_TOKS)
-            until = handle_stop_sequences(kw.get("until"), eos=self.tokenizer.eos_token)
-            max_toks = int(kw["max_gen_toks"])
+            try:
+                gen = parse_gen_kwargs(dict(raw_kwargs or {}), DEFAULT_MAX_GEN_TOKS)
+            except GenKwargsError as err:
+                raise GenKwargsError(f"spot-dlm: request {len(jobs)} ({_request_name(req)}; set by --gen_kwargs or "
+                                     f"the task's generation_kwargs): {err}; nothing was decoded") from None
+            until = handle_stop_sequences(list(gen.until), eos=self.tokenizer.eos_token)
+            max_toks = gen.max_gen_toks
             if self.args.gen_length is not None:
                 max_toks = min(max_toks, self.args.gen_length)
-            temperature = float(kw.get("temperature", 0.0)) if kw.get("do_sample") else 0.0
-            cfg = DecodeConfig(max_gen_toks=max_toks, temperature=temperature, pad_rows=self._pad_rows(),
-                               lookahead=self.args.lookahead)
+            ignored_truncation += int(gen.temperature == 0 and (gen.top_k > 0 or gen.top_p < 1.0))
+            # Greedy decoding ignores top_k / top_p (transformers' greedy search does too): off in its config.
+            top_k, top_p = (gen.top_k, gen.top_p) if gen.temperature > 0 else (0, 1.0)
+            cfg = DecodeConfig(max_gen_toks=max_toks, temperature=gen.temperature, top_k=top_k, top_p=top_p,
+                               pad_rows=self._pad_rows(), lookahead=self.args.lookahead)
             # lm-eval passes a request's `repeats` as the same object, consecutively: the k-th copy gets seed k.
             # The seed depends on nothing else (not on the rank, the batch or other requests), so any process
             # count and batch size decode the same ids.
@@ -326,6 +341,9 @@ class SpotDLM(LM):
             ids = tuple(self.encode(context))
             self._check_fits(len(jobs), context, len(ids), max_toks)
             jobs.append(_Job(context, ids, raw_kwargs, cfg, until, mix_seed(self.base_seed, context, k)))
+        if ignored_truncation:
+            log.warning("spot-dlm: %d request(s) set top_k / top_p with greedy decoding (do_sample false or "
+                        "temperature 0): greedy decoding ignores them, as transformers' does", ignored_truncation)
         self._warn_unknown_chars(jobs)
         return jobs
 
@@ -380,14 +398,14 @@ class SpotDLM(LM):
                 f"(prompt_hash {hash_string(job.context)}); nothing of this run was written") from None
         return [(cut_text(self.decode_ids(r.token_ids), job.until), r) for job, r in zip(chunk, results, strict=True)]
 
-    def _record(self, r: DecodeResult, temperature: float) -> None:
+    def _record(self, r: DecodeResult, cfg: DecodeConfig) -> None:
         acc = sum(r.accepted) / len(r.accepted) if r.accepted else 0.0
         self.stats.add(
             SampleStats(r.nfe.total, len(r.token_ids), r.committed, r.rounds, acc, r.wall_s, r.stop_reason,
                         r.host_bytes, r.timing.forward, r.timing.draft, r.timing.rest, r.lookahead.rows,
                         r.lookahead.exact, r.lookahead.used, r.lookahead.later_blocks,
                         self.text.count_unknown(r.token_ids)),
-            temperature,
+            cfg.temperature, cfg.top_k, cfg.top_p,
         )
 
     # ---- lm-eval hooks -------------------------------------------------------------------------------

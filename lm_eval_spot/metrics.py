@@ -48,15 +48,17 @@ class RunStats:
     batch_size: int | str = 1
     samples: list[SampleStats] = field(default_factory=list)
     temperatures: list[float] = field(default_factory=list)  # per sample (ranks' statistics are merged by add)
+    truncations: list[tuple[int, float]] = field(default_factory=list)  # per sample: (top_k, top_p) as decoded
     _nfe_sum: int = 0
     # Wall time of lm-eval's generate calls (what the user waited) and of the method's own decoding calls inside
     # them (less when control=paired also decodes draft-free); summed over calls, the slowest rank's when merged.
     call_wall_s: float = 0.0
     decode_wall_s: float = 0.0
 
-    def add(self, s: SampleStats, temperature: float) -> None:
+    def add(self, s: SampleStats, temperature: float, top_k: int = 0, top_p: float = 1.0) -> None:
         self.samples.append(s)
         self.temperatures.append(temperature)
+        self.truncations.append((top_k, top_p))
         self._nfe_sum += s.nfe
         # A run mixing temperatures reports "mixed": the ratios below are only meaningful per temperature.
         if self.temperature is None or self.temperature == temperature:
@@ -75,7 +77,15 @@ class RunStats:
         return self._nfe_sum / len(self.samples) if self.samples else 0.0
 
     def summary(self) -> dict[str, Any]:
+        """The run's figures. With no request decoded (lm-eval's cache served them all) the per-sample figures
+        are absent, not 0: nothing was measured."""
         n = len(self.samples)
+        if not n:
+            return {"mode": self.mode, "budget": self.budget, "batch_size": self.batch_size,
+                    "prefix_cache": "exact" if self.exact_prefix_cache else "approximate",
+                    "exact_prefix_cache": self.exact_prefix_cache, "samples": 0, "temperature": self.temperature,
+                    "top_k": None, "top_p": None, "nfe_total": 0, "gen_tokens_total": 0, "committed_tokens_total": 0,
+                    "rounds_total": 0, "wall_s": self.call_wall_s, "decode_wall_s": self.decode_wall_s}
         nfe = sum(s.nfe for s in self.samples)
         gen = sum(s.gen_tokens for s in self.samples)
         com = sum(s.committed for s in self.samples)
@@ -91,6 +101,9 @@ class RunStats:
             "exact_prefix_cache": self.exact_prefix_cache,
             "samples": n,
             "temperature": self.temperature,
+            # top-k / top-p as the draws used them (0 / 1.0: off, and always so at T = 0); "mixed" across tasks.
+            "top_k": _one_or_mixed([k for k, _ in self.truncations]),
+            "top_p": _one_or_mixed([p for _, p in self.truncations]),
             "nfe_total": nfe,
             "nfe_per_sample": nfe / n if n else 0.0,
             "nfe_median": median(s.nfe for s in self.samples) if n else 0.0,
@@ -117,6 +130,10 @@ class RunStats:
         }
 
 
+def _one_or_mixed(values: list[Any]) -> Any:
+    return values[0] if values and all(v == values[0] for v in values) else ("mixed" if values else None)
+
+
 def _lookahead(samples: list[SampleStats]) -> dict[str, Any]:
     rows, exact, used, later = (sum(getattr(s, k) for s in samples) for k in
                                 ("lookahead_rows", "lookahead_exact", "lookahead_used", "later_blocks"))
@@ -126,10 +143,20 @@ def _lookahead(samples: list[SampleStats]) -> dict[str, Any]:
 
 def format_summary(summary: dict[str, Any]) -> str:
     """A short Markdown table for the end of a run."""
+    served = summary.get("served_from_cache")
+    if not summary["samples"]:
+        why = (f"all {served} answers came from lm-eval's --use_cache cache" if served
+               else "no generate request reached the decoder" + (" (--use_cache is the likely reason)"
+                                                                   if served is not None else ""))
+        rows = [("mode", summary["mode"]), ("samples decoded", 0), ("NOTE", f"no request was decoded: {why}; "
+                                                                            "there are no NFE or speed figures")]
+        return _table(rows)
     rows = [
         ("mode", summary["mode"]),
         ("samples", summary["samples"]),
         ("temperature", summary["temperature"]),
+        *([("top_k / top_p", f"{summary['top_k']} / {summary['top_p']}")]
+          if (summary.get("top_k") or 0) != 0 or summary.get("top_p", 1.0) != 1.0 else []),
         ("budget D", summary.get("budget")),
         *([("drafter", summary["drafter"] or "none (conf-tree)")] if "drafter" in summary else []),
         ("NFE / sample", f"{summary['nfe_per_sample']:.2f}"),
@@ -163,12 +190,19 @@ def format_summary(summary: dict[str, Any]) -> str:
             rows.append((label, f"{summary[key]:.3f}" if isinstance(summary[key], float) else summary[key]))
     if summary.get("unknown_token_ids"):
         rows.append(("generated ids the tokenizer does not know (decoded as nothing)", summary["unknown_token_ids"]))
-    if summary.get("served_from_cache") is not None:
-        rows.append(("served from --use_cache (no NFE)", summary["served_from_cache"]))
+    if served:
+        rows.append(("served from --use_cache (not decoded, not in these figures)", served))
+        rows.append(("NOTE", f"the figures above cover the {summary['samples']} decoded requests only"))
+    elif served is not None and served < 0:
+        rows.append(("served from --use_cache", "some (count unknown); the figures cover the decoded requests"))
     if summary.get("drafter_note"):
         rows.append(("NOTE", summary["drafter_note"]))
     if summary.get("prefix_cache") == "approximate":
         rows.append(("NOTE", "approximate prefix cache: not lossless against full recomputation"))
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, Any]]) -> str:
     width = max(len(k) for k, _ in rows)
     lines = ["| spot-dlm | value |", f"|{'-' * (width + 2)}|-------|"]
     lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
          "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py",
          "tests/test_auto_budget.py", "tests/test_fused_attention.py", "tests/test_round_syncs.py",
-         "tests/test_likelihood.py", "tests/test_batch.py"]
+         "tests/test_likelihood.py", "tests/test_batch.py", "tests/test_sampling.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -116,6 +116,20 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "lm_eval_spot/adapters/block_causal.py",
      "out[i] = p.session.finish(p, logits[a:b], ids_dev[a:b])",
      "out[i] = p.session.finish(p, (logits.roll(1, 0) if len(group) > 1 else logits)[a:b], ids_dev[a:b])"),
+    ("the coupled verifier drops top_p (control keeps it)", "lm_eval_spot/decoding/loop.py",
+     "pos_d, tok_d = transition(logits, elig_dev, cfg.temperature, self.gumbel, cfg.truncation)",
+     "pos_d, tok_d = transition(logits, elig_dev, cfg.temperature, self.gumbel, cfg.truncation if self.proposer "
+     "is None else replace(cfg, top_p=1.0).truncation)"),
+    ("the rejection verifier's target law drops top_p", "lm_eval_spot/decoding/rejection.py",
+     "p = tempered_probs(logits[rows, pos_star], temperature, trunc)",
+     "p = tempered_probs(logits[rows, pos_star], temperature, None if trunc is None else Truncation(trunc.top_k))"),
+    ("top-k drops the tokens tied with the k-th", "lm_eval_spot/decoding/sampling.py",
+     'out = out.masked_fill(out < kth, float("-inf"))', 'out = out.masked_fill(out <= kth, float("-inf")).maximum('
+     'out.amax(dim=-1, keepdim=True).where(out == out.amax(dim=-1, keepdim=True), torch.tensor(float("-inf"), '
+     'dtype=out.dtype)))'),
+    ("top-p keeps the token that crosses the threshold out", "lm_eval_spot/decoding/sampling.py",
+     "drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p",
+     "drop = ordered.softmax(dim=-1).cumsum(dim=-1) < 1.0 - top_p + 1e-3"),
 ]
 
 

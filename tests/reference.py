@@ -49,10 +49,12 @@ def _first_max(values: list[float]) -> int:
 
 
 def reference_decode(model, prompt: list[int], L: int, mask_id: int, stop_ids: set[int], max_toks: int,
-                     T: float, seed: int, forward=None) -> tuple[list[int], list[tuple[int, int, int]]]:
+                     T: float, seed: int, forward=None, warp=None) -> tuple[list[int], list[tuple[int, int, int]]]:
     """Generated ids (cut before the first stop id), and every commit as (block, slot, token). `forward(ids, L)`
     -> logits [n, V] of the whole sequence (default: a native causal LM with an additive block-causal mask; the
-    family tests pass the official forward of a remote-code model, called in its own protocol)."""
+    family tests pass the official forward of a remote-code model, called in its own protocol). `warp(scores)`
+    (T > 0): a truncation of the tempered float64 row [1, V] before the Gumbel draw, e.g. transformers' top-k /
+    top-p warpers; positions never read it."""
     forward = forward or (lambda ids, L_: _forward(model, ids, L_))
     seq = list(prompt)
     gen_start = len(prompt)
@@ -75,8 +77,11 @@ def reference_decode(model, prompt: list[int], L: int, mask_id: int, stop_ids: s
             if T == 0:
                 tok = _first_max(row)
             else:
-                tok = _first_max([(x / T + gumbel(seed, block, i, v)) if x != float("-inf") else -math.inf
-                                  for v, x in enumerate(row)])
+                scaled = [x / T for x in row]
+                if warp is not None:
+                    scaled = warp(torch.tensor([scaled], dtype=torch.float64))[0].tolist()
+                tok = _first_max([(x + gumbel(seed, block, i, v)) if x != float("-inf") else -math.inf
+                                  for v, x in enumerate(scaled)])
             cur[i] = tok
             commits.append((block, i, tok))
         out += [c for j, c in enumerate(cur) if gen_start <= start + j < gen_start + max_toks]

@@ -8,6 +8,7 @@ from lm_eval.api.model import CachingLM
 from sqlitedict import SqliteDict
 
 from lm_eval_spot.lm import SpotDLM
+from lm_eval_spot.metrics import format_summary
 from lm_eval_spot.request_cache import CacheConflictError
 
 
@@ -34,12 +35,18 @@ def test_a_rerun_is_served_from_the_cache_and_counted_apart_from_nfe(tiny_target
     info2 = again.get_model_info()["spot"]
     assert info2["served_from_cache"] == 3
     assert info2["samples"] == 0 and info2["nfe_total"] == 0  # nothing decoded, nothing counted
+    # ... and no per-sample figure pretends otherwise: absent, not 0.0 ("free decoding")
+    assert not {"nfe_per_sample", "tokens_per_forward", "gen_tokens_per_s", "nfe_median"} & set(info2)
+    text = format_summary(info2)
+    assert "no request was decoded: all 3 answers came from lm-eval's --use_cache cache" in text
+    assert "NFE / sample" not in text
 
     # Sampled requests are never cached by lm-eval: they reach the model and are counted.
     sampled = again.generate_until(_reqs({"do_sample": True, "temperature": 1.0}))
     assert len(sampled) == 3
     assert again.get_model_info()["spot"]["samples"] == 3
     assert again.get_model_info()["spot"]["served_from_cache"] == 3
+    assert "the figures above cover the 3 decoded requests only" in format_summary(again.get_model_info()["spot"])
 
 
 @pytest.mark.parametrize("change,named", [({"mode": "control"}, "args.mode"), ({"budget": 8}, "args.budget"),

@@ -17,6 +17,7 @@ import torch
 from lm_eval_spot.adapters.base import LooksAhead, NFECounter, TargetAdapter
 from lm_eval_spot.decoding.observe import PendingCommits
 from lm_eval_spot.decoding.noise import gumbel_rows, mix_seed
+from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.proposer import Proposer, RoundContext, RoundRun
 from lm_eval_spot.decoding.stale import Stale, summarize
 from lm_eval_spot.decoding.transfer import DeviceClock, HostLink, upload
@@ -48,6 +49,9 @@ class NonFiniteLogitsError(RuntimeError):
 class DecodeConfig:
     max_gen_toks: int
     temperature: float = 0.0
+    # Top-k / top-p truncation of the T > 0 draw (transformers' warpers; 0 and 1.0 are off; `sampling.py`).
+    top_k: int = 0
+    top_p: float = 1.0
     # Batch invariance: pad every forward (control's included) to this many replica rows with copies of the
     # root, so a state's logits never depend on how many other states shared its forward (0: no padding).
     pad_rows: int = 0
@@ -63,6 +67,13 @@ class DecodeConfig:
             raise ValueError(f"pad_rows must be >= 0, got {self.pad_rows}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        Truncation(self.top_k, self.top_p)  # validates both
+
+    @property
+    def truncation(self) -> Truncation | None:
+        """The draw's truncation, None when it changes nothing (off, or greedy decoding)."""
+        t = Truncation(self.top_k, self.top_p)
+        return t if t.active and self.temperature > 0 else None
 
 
 class RoundObserver(Protocol):
@@ -299,7 +310,8 @@ class RequestDecode:
             # and tokens are drawn from q.
             temp, noise = (0.0, None) if self.rejection else (self.cfg.temperature, self.gumbel)
             src = self.stale_src
-            stale = summarize(src[None], self.link, temp, noise)[0] if src is not None else None
+            trunc = None if self.rejection else self.cfg.truncation
+            stale = summarize(src[None], self.link, temp, noise, trunc=trunc)[0] if src is not None else None
             lead = _lead(stale, eligible, temp) if self._fresh and not self.rejection and stale is not None else None
             base = self.state.clone()
             if lead is not None:
@@ -325,7 +337,7 @@ class RequestDecode:
             if self.rejection:
                 src = self.stale_src
                 assert src is not None
-                self._q = proposal_probs(src, list(tree.pos), self.cfg.temperature)
+                self._q = proposal_probs(src, list(tree.pos), self.cfg.temperature, self.cfg.truncation)
                 rng = torch.Generator().manual_seed(mix_seed("draft", self.seed, self.block, self.rounds))
                 tree = sample_chain_tokens(tree, self._q, rng)
         self.draft_ctx = None
@@ -392,7 +404,7 @@ class RequestDecode:
             rng = torch.Generator().manual_seed(mix_seed("verify", self.seed, self.block, self.rounds))
             q_rows = self._q if self._q is not None else logits.new_zeros(0, logits.shape[-1])
             path, fpos, ftok, bad = rejection_verify(tree, q_rows, logits, elig_dev, cfg.temperature, rng, self.link,
-                                                     bad_rows)
+                                                     bad_rows, cfg.truncation)
             if bad:  # read in the verifier's one copy
                 raise NonFiniteLogitsError(self.block, self.rounds)
             tpos = torch.full((1 + tree.size,), -1, dtype=torch.long)
@@ -401,7 +413,7 @@ class RequestDecode:
                 tpos[a], ttok[a] = tree.pos[b - 1], tree.tok[b - 1]
             tpos[([0, *path])[-1]], ttok[([0, *path])[-1]] = fpos, ftok
         else:
-            pos_d, tok_d = transition(logits, elig_dev, cfg.temperature, self.gumbel)
+            pos_d, tok_d = transition(logits, elig_dev, cfg.temperature, self.gumbel, cfg.truncation)
             # The flag rides in the positions (-2 marks a bad row); positions and tokens come back in one copy.
             tpos, ttok = self.link.pull(torch.where(bad_rows, torch.full_like(pos_d, -2), pos_d), tok_d)
             if bool((tpos == -2).any()):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.transfer import HostLink, upload
 from lm_eval_spot.decoding.transition import select_positions
 from lm_eval_spot.decoding.tree import DraftTree
@@ -22,13 +23,21 @@ def is_chain(tree: DraftTree) -> bool:
     return all(p == j for j, p in enumerate(tree.parent))
 
 
-def proposal_probs(stale_logits: torch.Tensor, positions: list[int], temperature: float) -> torch.Tensor:
+def tempered_probs(logits: torch.Tensor, temperature: float, trunc: Truncation | None = None) -> torch.Tensor:
+    """softmax(trunc(l / T)) per row (float32): the law a sampled commit is drawn from, top-k / top-p included."""
+    if trunc is not None and trunc.active:
+        return torch.softmax(trunc.apply(logits.double() / temperature), dim=-1).float()
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def proposal_probs(stale_logits: torch.Tensor, positions: list[int], temperature: float,
+                   trunc: Truncation | None = None) -> torch.Tensor:
     """q rows [D, V] for the drafted positions (on the logits' device; rows picked by host ints, so no index
-    tensor goes up)."""
+    tensor goes up), truncated as the target's law is (any q keeps the verifier exact; this one is closest)."""
     if not positions:
         return stale_logits.new_zeros(0, stale_logits.shape[-1])
     rows = torch.stack([stale_logits[i] for i in positions])
-    return torch.softmax(rows.float() / temperature, dim=-1)
+    return tempered_probs(rows, temperature, trunc)
 
 
 def draw(probs: torch.Tensor, gen: torch.Generator, u: torch.Tensor | None = None) -> torch.Tensor:
@@ -59,6 +68,7 @@ def rejection_verify(
     gen: torch.Generator,
     link: HostLink | None = None,
     bad_rows: torch.Tensor | None = None,
+    trunc: Truncation | None = None,
 ) -> tuple[list[int], int, int, bool]:
     """Chain nodes 1..D with proposal rows q [D, V]; logits [1 + D, L, V] and eligible [1 + D, L] of the root and
     every drafted state (all on one device). Returns (accepted nodes, position, token) of the final commit from
@@ -71,7 +81,7 @@ def rejection_verify(
     has = eligible.any(-1)
     pos_star = select_positions(logits, eligible | ~has[:, None])
     rows = torch.arange(logits.shape[0], device=logits.device)
-    p = torch.softmax(logits[rows, pos_star].float() / temperature, dim=-1)  # [1 + D, V]: the target's law
+    p = tempered_probs(logits[rows, pos_star], temperature, trunc)  # [1 + D, V]: the target's law
     D = tree.size
     # Everything the walk may need, drawn and reduced on the device; the host walks the chain on scalars. The
     # uniforms are drawn on the host in a fixed order (acceptance, then p's draws, then the residuals').

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.transfer import HostLink
 from lm_eval_spot.decoding.transition import row_chunks
 
@@ -69,11 +70,13 @@ def top_k_probs(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 
 def summarize(
     logits: torch.Tensor, link: HostLink, temperature: float = 0.0, gumbel: torch.Tensor | None = None,
-    top_k: int = TOP_K,
+    top_k: int = TOP_K, trunc: Truncation | None = None,
 ) -> list[Stale]:
     """logits [N, L, V] (on any device, mask token already at -inf) -> N summaries on the host.
 
-    gumbel [L, V] (float64, the block's rows, on the logits' device) is needed at T > 0 for the coupled draw.
+    gumbel [L, V] (float64, the block's rows, on the logits' device) is needed at T > 0 for the coupled draw;
+    `trunc` (top-k / top-p) applies to that draw and its probability as the target's transition applies it.
+    The top-k probabilities and confidences stay those of the clean distribution (what positions are read from).
     """
     N, L, V = logits.shape
     if temperature > 0 and gumbel is None:
@@ -89,8 +92,13 @@ def summarize(
             if temperature > 0:
                 # The draw in float64, exactly as the target's transition draws (so they agree); its probability
                 # is only a mass for ranking drafts: float32 is plenty (and at T = 1 it is the softmax above).
-                tok = lf.double().div_(temperature).add_(gumbel[i : i + step]).argmax(dim=-1)
-                at_t = probs if temperature == 1.0 else torch.softmax(lf / temperature, dim=-1)
+                if trunc is not None and trunc.active:
+                    scores = trunc.apply(lf.double().div_(temperature))
+                    tok = (scores + gumbel[i : i + step]).argmax(dim=-1)
+                    at_t = torch.softmax(scores, dim=-1).float()
+                else:
+                    tok = lf.double().div_(temperature).add_(gumbel[i : i + step]).argmax(dim=-1)
+                    at_t = probs if temperature == 1.0 else torch.softmax(lf / temperature, dim=-1)
                 part += (tok, at_t.gather(-1, tok[:, None]).squeeze(-1))
             # log(1 - p1) as the log of the other probabilities' sum: each keeps its relative precision, so this
             # stays exact where 1 - p1 would round to 0 (all others underflowing gives -inf: "certain").

@@ -1,14 +1,17 @@
 """The target's transition f(s): one commit per forward, as the draft-free decoder defines it.
 
 Position: the eligible masked slot with the highest clean confidence max_v softmax(l[i])_v, lowest index on
-ties. Token: argmax at T=0, Gumbel-max argmax(l/T + G) at T>0 with the block's shared noise rows (float64). The
-position never depends on the noise, so f is a deterministic function of the state given the noise. Every
+ties. Token: argmax at T=0, Gumbel-max argmax(trunc(l/T) + G) at T>0 with the block's shared noise rows
+(float64; `trunc` is the optional top-k / top-p truncation, `sampling.py`). The position never depends on the
+noise or the truncation, so f is a deterministic function of the state given the noise. Every
 function here runs on whatever device its tensors are on (the target's): nothing of size V leaves it.
 """
 
 from __future__ import annotations
 
 import torch
+
+from lm_eval_spot.decoding.sampling import Truncation
 
 
 def row_chunks(x: torch.Tensor) -> int:
@@ -38,19 +41,25 @@ def select_positions(logits: torch.Tensor, eligible: torch.Tensor) -> torch.Tens
 
 
 def select_tokens(
-    logits_at: torch.Tensor, positions: torch.Tensor, temperature: float, gumbel: torch.Tensor | None
+    logits_at: torch.Tensor, positions: torch.Tensor, temperature: float, gumbel: torch.Tensor | None,
+    trunc: Truncation | None = None,
 ) -> torch.Tensor:
-    """Token per state at its chosen position. logits_at [R, V] (logits of the chosen slot), positions [R]."""
+    """Token per state at its chosen position. logits_at [R, V] (logits of the chosen slot), positions [R].
+    At T=0 the truncation changes nothing (the argmax always survives it), as in transformers' greedy search."""
     if temperature <= 0.0:
         return logits_at.float().argmax(dim=-1)
     if gumbel is None:
         raise ValueError("temperature > 0 needs the block's Gumbel rows")
     # float64 Gumbel-max: float32 sums of l/T + G tie or round away small probability differences at V ~ 150k.
-    return (logits_at.double() / temperature + gumbel[positions]).argmax(dim=-1)
+    scores = logits_at.double() / temperature
+    if trunc is not None and trunc.active:
+        scores = trunc.apply(scores)
+    return (scores + gumbel[positions]).argmax(dim=-1)
 
 
 def transition(
-    logits: torch.Tensor, eligible: torch.Tensor, temperature: float, gumbel: torch.Tensor | None
+    logits: torch.Tensor, eligible: torch.Tensor, temperature: float, gumbel: torch.Tensor | None,
+    trunc: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """f(s) for R states at once. logits [R, L, V], eligible [R, L] -> (positions [R], tokens [R]).
 
@@ -60,6 +69,6 @@ def transition(
     safe = eligible | ~has[:, None]  # keep argmax defined on finished rows
     pos = select_positions(logits, safe)
     rows = torch.arange(logits.shape[0], device=logits.device)
-    tok = select_tokens(logits[rows, pos], pos, temperature, gumbel)
+    tok = select_tokens(logits[rows, pos], pos, temperature, gumbel, trunc)
     minus = torch.full_like(pos, -1)
     return torch.where(has, pos, minus), torch.where(has, tok, minus)
