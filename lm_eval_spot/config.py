@@ -16,6 +16,7 @@ IMPLS = ("native", "remote")
 CACHES = ("none", "approx")
 MASK_SHARING = ("common", "independent")
 GREEDY_OPTIONS = ("auto", "always", "never")
+ADAPT_OPTIONS = ("auto", "online", "off")
 
 
 class SpotUserError(ValueError):
@@ -159,6 +160,12 @@ class SpotArgs:
     # Folder that collects drafter training data from this run's own decoding (any mode, no extra forward):
     # python -m lm_eval_spot.drafter.train train --data FOLDER --out D fits a drafter for this target from it.
     drafter_data: str | None = None
+    # Online adaptation of the learned drafter from the run's own verified commits (`drafter/online.py`):
+    # "auto" is online when the run drafts with a drafter not trained on this target (the shipped transfer
+    # drafter, the default on every target but the embedded one), else off; drafter_out=FOLDER writes the adapted
+    # drafter (and turns adaptation on under "auto").
+    adapt: str = "auto"
+    drafter_out: str | None = None
     # Where the drafter runs: the host by default on every device (its numpy fast path; its inputs are a few KB of
     # stale summaries that the round brings to the host anyway), or a torch device name ("cuda:0") to override.
     drafter_device: str = "cpu"
@@ -250,6 +257,12 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         args["graph"] = str(raw["graph"])
     if raw.get("drafter_data") not in (None, ""):
         args["drafter_data"] = str(raw["drafter_data"])
+    if raw.get("adapt") is not None:
+        if str(raw["adapt"]) not in ADAPT_OPTIONS:
+            raise SpotArgError(f"spot-dlm: adapt={raw['adapt']!r} is not known; accepted: {', '.join(ADAPT_OPTIONS)}")
+        args["adapt"] = str(raw["adapt"])
+    if raw.get("drafter_out") not in (None, ""):
+        args["drafter_out"] = str(raw["drafter_out"])
     if raw.get("drafter_device") not in (None, ""):
         name = str(raw["drafter_device"]).strip()
         if not re.fullmatch(r"(cpu|cuda|mps|xpu|meta)(:\d+)?", name):
@@ -307,6 +320,12 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
                 f"spot-dlm: graph={str(graph)!r} is not a file; accepted: a JSON written by "
                 "python -m lm_eval_spot.baselines.graph"
             )
+    if out.adapt == "online" and out.mode not in LEARNED_MODES:
+        raise SpotArgError(f"spot-dlm: adapt=online trains the learned drafter; accepted with mode in "
+                           f"{', '.join(LEARNED_MODES)}, or adapt=off")
+    if out.drafter_out is not None and (out.adapt == "off" or out.mode not in LEARNED_MODES):
+        raise SpotArgError(f"spot-dlm: drafter_out={out.drafter_out!r} writes the drafter adapted during the run; "
+                           f"accepted with mode in {', '.join(LEARNED_MODES)} and adapt=online or auto")
     if out.mode in LEARNED_MODES and out.drafter is not None:  # the default one is resolved at load (fallback)
         drafter = Path(out.drafter).expanduser()
         if not (drafter / "drafter.json").is_file():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -18,13 +19,16 @@ from lm_eval_spot.adapters.base import positions_needed
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
-from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args, parse_args,
-                                 shipped_drafter_path)
+from lm_eval_spot.config import (SpotArgError, SpotArgs, SpotUserError, default_graph_path, merge_harness_args,
+                                 parse_args, shipped_drafter_path)
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.drafter.factored import FactoredOrderModel
+from lm_eval_spot.drafter.online import AdaptConfig, OnlineAdapter, adapt_across_ranks
+from lm_eval_spot.drafter.proposer import LearnedOrder
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.gen_kwargs import GenKwargsError, parse_gen_kwargs
 from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
@@ -34,7 +38,7 @@ from lm_eval_spot.families import load_target
 from lm_eval_spot.families.common import with_concrete_dtype
 from lm_eval_spot.methods import build_proposer
 from lm_eval_spot.modes import MODES
-from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary
+from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary, nfe_by_tenth
 from lm_eval_spot.request_cache import RequestCache, fingerprint, folder_identity
 from lm_eval_spot.stopping import cut_text, make_stop_check
 from lm_eval_spot.threads import choose_threads, decoding_threads, default_thread_counts
@@ -118,6 +122,9 @@ class SpotDLM(LM):
         self.recording = (DrafterDataWriter(Path(self.args.drafter_data), self.args.pretrained,
                                             self.adapter.info.block_len, self.adapter.info.mask_id, self.rank)
                           if self.args.drafter_data else None)
+        self.online = self._online_adapter()
+        self._gathered_adapt: dict[str, Any] | None = None
+        self._adapt_observe_s = 0.0  # recording's share of the decodes' time, for the adaptation's cost
         drafting = self.args.mode != "control"
         self.stats = RunStats(mode=self.args.mode, budget=self.args.budget if drafting else None,
                               exact_prefix_cache=self.adapter.info.exact_prefix_cache,
@@ -215,6 +222,8 @@ class SpotDLM(LM):
             log.info("spot-dlm: drafter_data: %d requests, %d commits in %d shards (%.1f MB) in %s; recording took "
                      "%.2f s, %.1f%% of this process's decoding time", r["requests"], r["commits"], r["shards"],
                      r["bytes"] / 1e6, r["folder"], r["seconds"], 100 * r["seconds"] / max(self._decode_s, 1e-9))
+        if self.online is not None and self.args.drafter_out:
+            self._save_adapted()
         if jobs:
             self.stats.add_call(time.perf_counter() - t_call, self._decode_s - decode_s)
         # Multi-process runs log the summed summary at lm-eval's barrier, which every rank reaches (a rank whose
@@ -223,6 +232,58 @@ class SpotDLM(LM):
             self._log_summary()
         return out + [out[-1]] * n_pad if out else out
 
+    def _online_adapter(self) -> OnlineAdapter | None:
+        """Online adaptation when asked (adapt=online, drafter_out=) or by default for a drafter not trained on this
+        target (the shipped transfer drafter); None otherwise."""
+        args = self.args
+        transfer = (self.drafter_path is not None
+                    and self.drafter_path.resolve() == shipped_drafter_path("transfer").resolve())
+        asked = args.adapt == "online" or (args.adapt == "auto" and args.drafter_out is not None)
+        if not (asked or (args.adapt == "auto" and transfer)):
+            return None
+        order = getattr(self.proposer, "order", None)
+        if not isinstance(order, LearnedOrder) or not isinstance(order.model, FactoredOrderModel):
+            why = ("the run drafts without a learned drafter" if self.drafter_path is None
+                   else f"drafter {self.drafter_path.name} is not a factored order model")
+            if asked:
+                raise SpotArgError(f"spot-dlm: adapt=online / drafter_out= need a factored learned drafter; {why}")
+            log.info("spot-dlm: online adaptation off: %s", why)
+            return None
+        assert self.drafter_path is not None
+        try:
+            meta = json.loads((self.drafter_path / "drafter.json").read_text()).get("meta", {})
+        except (OSError, ValueError):
+            meta = {}
+        cfg = AdaptConfig(seed=mix_seed(self.base_seed, "adapt", self.rank) & 0xFFFFFFFF)
+        log.info("spot-dlm: online adaptation on: the drafter (%s) fine-tunes on this run's verified commits, %d "
+                 "steps of %d roots per finished request, between chunks only (outputs stay exact)",
+                 self.drafter_path.name, cfg.steps_per_request, cfg.batch)
+        return OnlineAdapter(order.model, order.refresh, cfg, self.adapter.info.mask_id,
+                             {"drafter": str(self.drafter_path), "meta": meta})
+
+    def _save_adapted(self) -> None:
+        """drafter_out: the adapted drafter as a drafter folder (each rank its own, under rank_N, with several)."""
+        assert self.online is not None and self.args.drafter_out
+        folder = Path(self.args.drafter_out).expanduser()
+        if self.ranks.distributed:
+            folder = folder / f"rank_{self.rank}"
+        self.online.save(folder, self.args.pretrained, self.adapter.info.block_len)
+        log.info("spot-dlm: drafter_out: the adapted drafter (%d examples, %d update steps) is in %s; the next run "
+                 "loads it with drafter=%s", self.online.examples, self.online.steps, folder, folder)
+
+    def _adapt_summary(self) -> dict[str, Any] | None:
+        """This rank's adaptation: what it learned from, what it cost, and the NFE curve by tenth of its run."""
+        if self.online is None:
+            return None
+        out = self.online.summary()
+        out["recording_s"] = round(self._adapt_observe_s, 3)
+        # Of the method's own decoding time (adaptation included; paired control's decodes are not the method's).
+        wall = self.stats.decode_wall_s
+        out["share_of_wall"] = (self.online.seconds + self._adapt_observe_s) / wall if wall > 0 else None
+        out["nfe_by_tenth"] = nfe_by_tenth([smp.nfe for smp in self.stats.samples])
+        out["rank"] = self.rank
+        return out
+
     def _log_summary(self) -> None:
         self._summary_logged = True
         log.info("spot-dlm run summary\n%s", format_summary(self.get_model_info()["spot"]))
@@ -230,7 +291,7 @@ class SpotDLM(LM):
     def _gather_stats(self) -> None:
         """Sum every rank's statistics (all ranks call this: it is a collective)."""
         parts = self.ranks.all_gather_object((self.stats, self.paired, self.sample_log, self._cache_served(),
-                                              self.likelihood.stats, self.likelihood.samples))
+                                              self.likelihood.stats, self.likelihood.samples, self._adapt_summary()))
         stats = RunStats(mode=self.stats.mode, budget=self.stats.budget,
                          exact_prefix_cache=self.stats.exact_prefix_cache, batch_size=self.stats.batch_size)
         paired = PairedStats() if self.paired is not None else None
@@ -239,7 +300,9 @@ class SpotDLM(LM):
         # The ranks decode side by side: the run took as long as its slowest rank.
         stats.add_call(max(p[0].call_wall_s for p in parts), max(p[0].decode_wall_s for p in parts))
         likelihood, lik_samples = LikelihoodStats(), []
-        for rank_stats, rank_paired, rank_log, _, rank_lik, rank_lik_samples in parts:
+        adapt = [p[6] for p in parts if p[6] is not None]
+        self._gathered_adapt = adapt_across_ranks(adapt)
+        for rank_stats, rank_paired, rank_log, _, rank_lik, rank_lik_samples, _ in parts:
             likelihood.merge(rank_lik)
             lik_samples.extend(rank_lik_samples)
             for s, t, (top_k, top_p) in zip(rank_stats.samples, rank_stats.temperatures, rank_stats.truncations,
@@ -301,13 +364,25 @@ class SpotDLM(LM):
 
     def _timed_decode(self, chunk: list[_Job], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
         """The method's own decoding of a chunk, its wall time added to the run's decoding time (with
-        drafter_data, its commits recorded: the recording's cost is part of the time it adds)."""
+        drafter_data, its commits recorded; with online adaptation, the drafter trained on them once the chunk is
+        done: both costs are part of the time it adds)."""
         t0 = time.perf_counter()
-        recs = [self.recording.recorder() for _ in chunk] if self.recording is not None else None
+        # One recorder per request feeds both (ids unique over the run: the buffer and the shards tell requests apart).
+        source = self.recording if self.recording is not None else self.online
+        recs = [source.recorder() for _ in chunk] if source is not None else None
         out = self._decode_jobs(chunk, proposers, recs)
         if recs is not None:
             for rec, (_, res) in zip(recs, out, strict=True):
-                self.recording.add(rec, res.observe_s)
+                t1 = time.perf_counter()
+                records = rec.result(self.adapter.info.mask_id)
+                spent = time.perf_counter() - t1
+                if self.recording is not None:
+                    self.recording.add_records(records, res.observe_s + spent)
+                if self.online is not None:
+                    self.online.add(records)
+                    self._adapt_observe_s += res.observe_s + spent
+        if self.online is not None:
+            self.online.update()  # between chunks: every round of the next chunk reads the new weights
         self._decode_s += time.perf_counter() - t0
         return out
 
@@ -463,6 +538,9 @@ class SpotDLM(LM):
             summary["drafter"] = self.drafter_path.name if self.drafter_path is not None else None
         if self.drafter_note:
             summary["drafter_note"] = self.drafter_note
+        adapt = self._gathered_adapt if self._gathered is not None else self._adapt_summary()
+        if adapt:
+            summary["adapt"] = adapt
         if served and not self._summary_logged:  # every request came from --use_cache: nothing was decoded
             self._summary_logged = True
             log.info("spot-dlm run summary\n%s", format_summary(summary))

@@ -130,6 +130,14 @@ class RunStats:
         }
 
 
+def nfe_by_tenth(nfe: list[int]) -> list[float]:
+    """Mean NFE per sample over each tenth of the requests in decoding order (fewer parts below 10 samples)."""
+    n = len(nfe)
+    parts = min(10, n)
+    bounds = [round(i * n / parts) for i in range(parts + 1)] if parts else []
+    return [sum(nfe[a:b]) / (b - a) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 def _one_or_mixed(values: list[Any]) -> Any:
     return values[0] if values and all(v == values[0] for v in values) else ("mixed" if values else None)
 
@@ -195,6 +203,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         rows.append(("NOTE", f"the figures above cover the {summary['samples']} decoded requests only"))
     elif served is not None and served < 0:
         rows.append(("served from --use_cache", "some (count unknown); the figures cover the decoded requests"))
+    adapt = summary.get("adapt") or {}
+    for a in adapt.get("per_rank", [adapt] if adapt else []):
+        rank = f" (rank {a['rank']})" if "per_rank" in adapt else ""
+        share = f", {100 * a['share_of_wall']:.1f}% of the wall" if a.get("share_of_wall") is not None else ""
+        rows.append((f"online adaptation{rank}", f"{a['examples']} examples from {a['requests']} requests, "
+                                                 f"{a['update_steps']} steps, {a['seconds'] + a['recording_s']:.1f} s"
+                                                 f"{share}"))
+        rows.append((f"NFE / sample by tenth{rank}", " ".join(f"{x:.1f}" for x in a["nfe_by_tenth"])))
     if summary.get("drafter_note"):
         rows.append(("NOTE", summary["drafter_note"]))
     if summary.get("prefix_cache") == "approximate":

@@ -51,7 +51,7 @@ def truncate(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         out = out.masked_fill(out < kth, float("-inf"))
     if top_p < 1.0:
         ordered, order = out.sort(dim=-1, stable=True)  # ascending: the least probable first
-        drop = ordered.softmax(dim=-1).cumsum(dim=-1) < 1.0 - top_p + 1e-3
+        drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p
         drop[..., -1] = False
         out = out.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
     return out

@@ -54,13 +54,19 @@ class OrderSource(Protocol):
 class LearnedOrder:
     """SPOT: a trained commit-order model (either architecture: `model.OrderModel` or the factored one).
 
-    A factored model on the CPU runs from a numpy snapshot of its weights (`host.HostEncoder`, taken here: the
-    model is frozen from now on), and its per-round tables stay numpy (`HostTables`)."""
+    A factored model on the CPU runs from a numpy snapshot of its weights (`host.HostEncoder`, taken here and
+    retaken by `refresh` after online adaptation moved the weights, between rounds), and its per-round tables
+    stay numpy (`HostTables`)."""
 
     def __init__(self, model: DrafterModel) -> None:
         self.model = model.eval()
-        on_cpu = isinstance(model, FactoredOrderModel) and model.device.type == "cpu"
-        self.host = HostEncoder.of(model) if on_cpu else None
+        self.host: HostEncoder | None = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Take the host snapshot of the model's current weights (none when the model sits on an accelerator)."""
+        on_cpu = isinstance(self.model, FactoredOrderModel) and self.model.device.type == "cpu"
+        self.host = HostEncoder.of(self.model) if on_cpu else None
 
     def begin(self, ctx: RoundContext) -> Any:
         assert ctx.stale is not None

@@ -85,10 +85,15 @@ class DrafterDataWriter:
         """One finished request's records; observe_s: what observing them cost its decode (`DecodeResult`)."""
         t0 = time.perf_counter()
         t = rec.result(self.mask_id)
+        self.add_records(t, observe_s + time.perf_counter() - t0)
+
+    def add_records(self, t: Trajectories | None, spent_s: float = 0.0) -> None:
+        """One finished request's records as its recorder returned them; spent_s: what producing them cost."""
+        t0 = time.perf_counter()
         self.n_requests += 1
         if t is not None:
             self.pending.append(t)
-        self.seconds += observe_s + time.perf_counter() - t0
+        self.seconds += spent_s + time.perf_counter() - t0
         if len(self.pending) >= FLUSH_EVERY:
             self.flush()
 

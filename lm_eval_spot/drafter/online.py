@@ -1,0 +1,195 @@
+"""Online adaptation: the run fine-tunes its drafter on the target's own verified commits as it decodes.
+
+Every finished request hands over what its rounds verified (the same records `drafter_data=` writes: each
+commit of an accepted path with the target summary it was decided under, so never a rejected draft) into a
+bounded replay buffer; at fixed points of the request order (after each chunk of `batch_size` requests, once
+at least `every` requests are new) the adapter takes `steps_per_request` optimizer steps per new request on
+roots drawn from the buffer by its own seeded generator, then refreshes the drafter's host tables. So:
+
+- weights change only between chunks, never inside a round (every round of a chunk reads one version);
+- with a fixed seed, batch size and process count the updates, hence the NFE per sample, are the same in every
+  run (no wall-clock decides anything);
+- the verifier decides every commit, so outputs equal control's whatever the drafter learns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, draftable_rounds, make_round_batch
+from lm_eval_spot.drafter.factored import FactoredOrderModel
+
+log = logging.getLogger(__name__)
+
+PARAM_GROUPS = ("all", "heads")
+# The factored model's per-round read-out on top of the encoder: slot scores, pair and length tables.
+HEAD_PREFIXES = ("norm.", "base.", "pairs.", "by_length.")
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """The update schedule (`docs/benchmarks.md`, "Online adaptation", says how it was chosen)."""
+
+    steps_per_request: int = 2
+    batch: int = 8  # roots per step, each with every replay depth up to max_depth
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    max_depth: int = 24
+    buffer_rounds: int = 8192  # replay buffer bound, in recorded rounds (the oldest requests go first)
+    every: int = 1  # update once this many new requests have finished (at a chunk's end)
+    params: str = "all"  # "all", or "heads": the encoder frozen, only the read-out tables move
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.params not in PARAM_GROUPS:
+            raise ValueError(f"params must be one of {PARAM_GROUPS}, got {self.params!r}")
+        if min(self.steps_per_request, self.batch, self.max_depth, self.buffer_rounds, self.every) < 0 or \
+                min(self.batch, self.max_depth, self.buffer_rounds, self.every) < 1:
+            raise ValueError("batch, max_depth, buffer_rounds and every must be >= 1, steps_per_request >= 0")
+
+
+class ReplayBuffer:
+    """The most recent requests' recorded rounds, at most `capacity` of them (whole requests are dropped, oldest
+    first; the newest request always stays)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._parts: deque[Trajectories] = deque()
+        self._data: Trajectories | None = None
+        self._units = torch.zeros(0, dtype=torch.long)
+        self._stale = False
+
+    def add(self, t: Trajectories) -> None:
+        self._parts.append(t)
+        while len(self._parts) > 1 and self.rounds > self.capacity:
+            self._parts.popleft()
+        self._stale = True
+
+    @property
+    def rounds(self) -> int:
+        return sum(len(p.pos) for p in self._parts)
+
+    def materialise(self) -> tuple[Trajectories | None, torch.Tensor]:
+        """(the buffer as one Trajectories, its draftable rounds), rebuilt only when something was added."""
+        if self._stale:
+            self._data = Trajectories.concat(list(self._parts))
+            self._units = draftable_rounds(self._data)
+            self._stale = False
+        return self._data, self._units
+
+
+class OnlineAdapter:
+    """Fine-tunes a factored drafter in place from the requests a run decodes. `refresh` is called after each
+    update (the proposer's host snapshot of the weights is rebuilt there)."""
+
+    def __init__(self, model: FactoredOrderModel, refresh: Callable[[], None], cfg: AdaptConfig, mask_id: int,
+                 origin: dict[str, Any]) -> None:
+        self.model, self.refresh, self.cfg, self.mask_id, self.origin = model, refresh, cfg, mask_id, origin
+        params = [p for n, p in model.named_parameters() if cfg.params == "all" or n.startswith(HEAD_PREFIXES)]
+        if cfg.params != "all":  # no gradient through the encoder: its backward is most of a step's cost
+            keep = {id(p) for p in params}
+            for p in model.parameters():
+                if id(p) not in keep:
+                    p.requires_grad_(False)
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.buffer = ReplayBuffer(cfg.buffer_rounds)
+        self._next = 0
+        self._owed = 0  # requests finished since the last update
+        self.requests = self.examples = self.steps = self.updates = 0
+        self.seconds = 0.0  # adaptation's own work: turning records into examples, training, refreshing tables
+        self.version = 0  # bumped by every update that changed the weights
+        self.losses: list[float] = []
+
+    def recorder(self) -> TrajectoryRecorder:
+        self._next += 1
+        return TrajectoryRecorder(self._next - 1, block_offset=(self._next - 1) * 100_000)
+
+    def add(self, rec: TrajectoryRecorder | Trajectories | None) -> None:
+        """One finished request's verified commits (its recorder, or what the recorder already returned)."""
+        t0 = time.perf_counter()
+        t = rec.result(self.mask_id) if isinstance(rec, TrajectoryRecorder) else rec
+        self.requests += 1
+        self._owed += 1
+        if t is not None and len(t.pos):
+            self.buffer.add(t)
+            self.examples += len(t.pos)
+        self.seconds += time.perf_counter() - t0
+
+    def update(self) -> bool:
+        """Train on the buffer if enough requests are new (call between chunks only). True if weights moved."""
+        if self._owed < self.cfg.every:
+            return False
+        t0 = time.perf_counter()
+        n_steps, self._owed = self._owed * self.cfg.steps_per_request, 0
+        data, units = self.buffer.materialise()
+        moved = False
+        if data is not None and len(units) and n_steps:
+            was_training = self.model.training
+            self.model.train()
+            for _ in range(n_steps):
+                idx = units[torch.randint(len(units), (self.cfg.batch,), generator=self.gen)]
+                self.losses.append(self._step(data, idx))
+            self.model.train(was_training)
+            self.steps += n_steps
+            self.updates += 1
+            self.version += 1
+            self.refresh()
+            moved = True
+        self.seconds += time.perf_counter() - t0
+        return moved
+
+    def _step(self, data: Trajectories, idx: torch.Tensor) -> float:
+        m = self.model
+        b = make_round_batch(data, idx, self.cfg.max_depth, m.cfg.max_block_len, m.cfg.top_k)
+        logits = m.node_logits(m.tables(b.feat.to(m.device), b.rank.to(m.device), b.status.to(m.device)),
+                               b.on_path.to(m.device), b.last.to(m.device))
+        valid = b.valid.to(m.device)
+        loss = torch.nn.functional.cross_entropy(logits[valid], b.label.to(m.device)[valid])
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], 1.0)
+        self.opt.step()
+        return float(loss.detach())
+
+    def summary(self) -> dict[str, Any]:
+        recent = self.losses[-50:]
+        return {"mode": "online", "requests": self.requests, "examples": self.examples,
+                "buffer_rounds": self.buffer.rounds, "update_steps": self.steps, "updates": self.updates,
+                "seconds": round(self.seconds, 3), "loss_recent": sum(recent) / len(recent) if recent else None,
+                "schedule": asdict(self.cfg), "adapted_from": self.origin.get("drafter")}
+
+    def save(self, folder: Path, target: str, block_len: int) -> None:
+        """The adapted drafter as a normal drafter folder (`drafter=FOLDER` loads it)."""
+        from lm_eval_spot.drafter.model import DrafterMeta, feature_version_of, save_drafter
+
+        base = self.origin.get("meta") or {}
+        lens = tuple(sorted({*base.get("block_lens", ()), block_len}))
+        extra = {**(base.get("extra") or {}), "adapted": {
+            "from": self.origin.get("drafter"), "target": target, "block_len": block_len,
+            "requests": self.requests, "examples": self.examples, "update_steps": self.steps,
+            "schedule": asdict(self.cfg)}}
+        meta = DrafterMeta(feature_version_of(self.model), self.model.cfg.top_k, lens, target,
+                           str(base.get("task", "online")), None, None, extra)
+        was = self.model.device
+        save_drafter(self.model, meta, Path(folder).expanduser())
+        assert self.model.device == was
+
+
+def adapt_across_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One summary for the run: a single rank's as it is; with several, each rank adapts its own copy on its own
+    requests (no averaging), so the totals are sums and `per_rank` keeps each rank's figures and curve."""
+    if not per_rank:
+        return None
+    if len(per_rank) == 1:
+        return per_rank[0]
+    total = {k: sum(r[k] for r in per_rank) for k in ("requests", "examples", "update_steps", "updates")}
+    return {"mode": "online", "ranks": "independent", **total,
+            "seconds": round(max(r["seconds"] + r["recording_s"] for r in per_rank), 3), "per_rank": per_rank}
