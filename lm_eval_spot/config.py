@@ -166,6 +166,7 @@ class SpotArgs:
     # drafter (and turns adaptation on under "auto").
     adapt: str = "auto"
     drafter_out: str | None = None
+    adapt_roots: int = 8  # training roots per finished request (the adaptation's rate, and its cost)
     # Where the drafter runs: the host by default on every device (its numpy fast path; its inputs are a few KB of
     # stale summaries that the round brings to the host anyway), or a torch device name ("cuda:0") to override.
     drafter_device: str = "cpu"
@@ -261,6 +262,8 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         if str(raw["adapt"]) not in ADAPT_OPTIONS:
             raise SpotArgError(f"spot-dlm: adapt={raw['adapt']!r} is not known; accepted: {', '.join(ADAPT_OPTIONS)}")
         args["adapt"] = str(raw["adapt"])
+    if raw.get("adapt_roots") is not None:
+        args["adapt_roots"] = _as_int("adapt_roots", raw["adapt_roots"], 1)
     if raw.get("drafter_out") not in (None, ""):
         args["drafter_out"] = str(raw["drafter_out"])
     if raw.get("drafter_device") not in (None, ""):

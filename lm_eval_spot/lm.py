@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -19,16 +18,14 @@ from lm_eval_spot.adapters.base import positions_needed
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
-from lm_eval_spot.config import (SpotArgError, SpotArgs, SpotUserError, default_graph_path, merge_harness_args,
-                                 parse_args, shipped_drafter_path)
+from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args, parse_args,
+                                 shipped_drafter_path)
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
-from lm_eval_spot.drafter.factored import FactoredOrderModel
-from lm_eval_spot.drafter.online import AdaptConfig, OnlineAdapter, adapt_across_ranks
-from lm_eval_spot.drafter.proposer import LearnedOrder
+from lm_eval_spot.drafter.online import OnlineAdapter, adapt_across_ranks, online_adapter_for
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.gen_kwargs import GenKwargsError, parse_gen_kwargs
 from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
@@ -233,33 +230,8 @@ class SpotDLM(LM):
         return out + [out[-1]] * n_pad if out else out
 
     def _online_adapter(self) -> OnlineAdapter | None:
-        """Online adaptation when asked (adapt=online, drafter_out=) or by default for a drafter not trained on this
-        target (the shipped transfer drafter); None otherwise."""
-        args = self.args
-        transfer = (self.drafter_path is not None
-                    and self.drafter_path.resolve() == shipped_drafter_path("transfer").resolve())
-        asked = args.adapt == "online" or (args.adapt == "auto" and args.drafter_out is not None)
-        if not (asked or (args.adapt == "auto" and transfer)):
-            return None
-        order = getattr(self.proposer, "order", None)
-        if not isinstance(order, LearnedOrder) or not isinstance(order.model, FactoredOrderModel):
-            why = ("the run drafts without a learned drafter" if self.drafter_path is None
-                   else f"drafter {self.drafter_path.name} is not a factored order model")
-            if asked:
-                raise SpotArgError(f"spot-dlm: adapt=online / drafter_out= need a factored learned drafter; {why}")
-            log.info("spot-dlm: online adaptation off: %s", why)
-            return None
-        assert self.drafter_path is not None
-        try:
-            meta = json.loads((self.drafter_path / "drafter.json").read_text()).get("meta", {})
-        except (OSError, ValueError):
-            meta = {}
-        cfg = AdaptConfig(seed=mix_seed(self.base_seed, "adapt", self.rank) & 0xFFFFFFFF)
-        log.info("spot-dlm: online adaptation on: the drafter (%s) fine-tunes on this run's verified commits, %d "
-                 "steps of %d roots per finished request, between chunks only (outputs stay exact)",
-                 self.drafter_path.name, cfg.steps_per_request, cfg.batch)
-        return OnlineAdapter(order.model, order.refresh, cfg, self.adapter.info.mask_id,
-                             {"drafter": str(self.drafter_path), "meta": meta})
+        seed = mix_seed(self.base_seed, "adapt", self.rank) & 0xFFFFFFFF
+        return online_adapter_for(self.args, self.proposer, self.drafter_path, self.adapter.info.mask_id, seed)
 
     def _save_adapted(self) -> None:
         """drafter_out: the adapted drafter as a drafter folder (each rank its own, under rank_N, with several)."""

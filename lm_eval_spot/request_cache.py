@@ -21,7 +21,7 @@ FINGERPRINT_KEY = "__spot_dlm_fingerprint__"  # not a sha256 hex digest: it cann
 # Arguments that change how fast requests are decoded, never which ids come out (tests check batch invariance;
 # drafter_data only records what a run decodes; adaptation changes what is drafted, never what is committed).
 SPEED_ONLY_ARGS = frozenset({"batch_size", "max_batch_size", "drafter_data", "drafter_device", "adapt",
-                             "drafter_out"})
+                             "adapt_roots", "drafter_out"})
 
 
 class CacheConflictError(RuntimeError):

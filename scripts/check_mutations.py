@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
          "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py",
          "tests/test_auto_budget.py", "tests/test_fused_attention.py", "tests/test_round_syncs.py",
-         "tests/test_likelihood.py", "tests/test_batch.py", "tests/test_sampling.py"]
+         "tests/test_likelihood.py", "tests/test_batch.py", "tests/test_sampling.py",
+         "tests/test_online.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -123,6 +124,15 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("the rejection verifier's target law drops top_p", "lm_eval_spot/decoding/rejection.py",
      "p = tempered_probs(logits[rows, pos_star], temperature, trunc)",
      "p = tempered_probs(logits[rows, pos_star], temperature, None if trunc is None else Truncation(trunc.top_k))"),
+    ("online adaptation updates as each request finishes, while its batch-mates are mid-round", "lm_eval_spot/lm.py",
+     "            results = decode_many(self.adapter, jobs, batch_size=len(jobs))",
+     "            results = decode_many(self.adapter, jobs, batch_size=len(jobs), on_done=(lambda i, r: (self.online.add("
+     "observers[i].result(self.adapter.info.mask_id)), self.online.update())) if self.online is not None and observers "
+     "else None)"),
+    ("the round's observers also see a rejected draft's state as if the target had visited it",
+     "lm_eval_spot/decoding/loop.py", "            for n in nodes:\n                if int(tpos[n]) >= 0:",
+     "            for n in nodes + [c + 1 for c, p in enumerate(tree.parent) if p == nodes[-1]][:1]:\n"
+     "                if int(tpos[n]) >= 0:"),
     ("top-k drops the tokens tied with the k-th", "lm_eval_spot/decoding/sampling.py",
      'out = out.masked_fill(out < kth, float("-inf"))', 'out = out.masked_fill(out <= kth, float("-inf")).maximum('
      'out.amax(dim=-1, keepdim=True).where(out == out.amax(dim=-1, keepdim=True), torch.tensor(float("-inf"), '

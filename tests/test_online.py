@@ -73,7 +73,8 @@ def recovered(random_drafter, tmp_path_factory):
     """The embedded target drafted by a random-weight drafter: adapting (paired with control) and not."""
     out = tmp_path_factory.mktemp("adapted")
     reqs = _arith(40)
-    on = SpotDLM(drafter=str(random_drafter), adapt="online", control="paired", seed=0, drafter_out=str(out))
+    on = SpotDLM(drafter=str(random_drafter), adapt="online", control="paired", seed=0, drafter_out=str(out),
+                 adapt_roots=32)
     on.generate_until(reqs)
     off = SpotDLM(drafter=str(random_drafter), adapt="off", seed=0)
     off.generate_until(reqs)
@@ -90,8 +91,10 @@ def test_adaptation_recovers_a_random_drafters_nfe_and_never_changes_an_output(r
     assert sum(tenths_on[-3:]) < 0.75 * sum(tenths_off[-3:]), (tenths_on, tenths_off)
     spot = on.get_model_info()["spot"]
     a = spot["adapt"]
-    assert a["requests"] == 40 and a["examples"] > 40 * 50 and a["update_steps"] == 40 * a["schedule"][
-        "steps_per_request"]
+    sched = a["schedule"]
+    assert a["requests"] == 40 and a["examples"] > 40 * 50
+    assert a["update_steps"] == 40 * sched["roots_per_request"] // sched["batch"]
+    assert a["updates"] == 40 // sched["every"]
     assert a["nfe_by_tenth"] == pytest.approx(tenths_on) and 0 < a["share_of_wall"] < 1
     text = format_summary(spot)
     assert "online adaptation" in text and "NFE / sample by tenth" in text
@@ -134,7 +137,8 @@ def test_adapting_at_batch_size_n_stays_exact(tiny_target_dir, T):
 
 def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
     """Every round of a chunk drafts with one weight version; the version steps once per chunk, in order."""
-    lm = SpotDLM(pretrained=str(tiny_target_dir), adapt="online", seed=1, batch_size=3)
+    # chunks of 8 requests, an update owed every 4: an update made as requests finish would land mid-chunk
+    lm = SpotDLM(pretrained=str(tiny_target_dir), adapt="online", seed=1, batch_size=8)
     seen: list[tuple[int, int]] = []  # (chunk, version) per round that drafted
     chunk = [-1]
     begin, timed = LearnedOrder.begin, SpotDLM._timed_decode
@@ -154,7 +158,7 @@ def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
     monkeypatch.setattr(LearnedOrder, "begin", spy_begin)
     monkeypatch.setattr(LearnedOrder, "prepare_many", spy_prepare_many)
     monkeypatch.setattr(SpotDLM, "_timed_decode", spy_timed)
-    lm.generate_until(_short(9))
+    lm.generate_until(_short(24))
     by_chunk: dict[int, set[int]] = {}
     for c, v in seen:
         by_chunk.setdefault(c, set()).add(v)
