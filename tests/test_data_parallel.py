@@ -91,3 +91,21 @@ def test_padding_count_reads_lm_evals_tail_copies():
     assert padding_count([a, b, b, b]) == 2
     assert padding_count([a, c, c, c]) == 0  # one request with repeats=3
     assert padding_count([a, c, c, c, c, c, c]) == 3  # ...and one padding copy of it (3 rows)
+
+
+@pytest.mark.slow
+def test_two_ranks_adapt_independently_exactly_and_report_each_rank(tmp_path):
+    """adapt=online under data parallel: each rank adapts its own copy on its own requests; outputs equal the
+    single process's (and control's), and config.spot.adapt reports both ranks."""
+    extra = ("--model_args", "seed=3,control=paired,adapt=online")
+    one, one_samples = _run([sys.executable, "-m", "lm_eval"], tmp_path / "one", *extra)
+    two, two_samples = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "lm_eval"], tmp_path / "two", *extra)
+    for doc_id, row in one_samples.items():
+        assert two_samples[doc_id]["resps"][0][0] == row["resps"][0][0]
+    s1, s2 = one["config"]["spot"], two["config"]["spot"]
+    assert s1["exact_match_to_control"] == s2["exact_match_to_control"] == 1.0
+    assert s1["adapt"]["requests"] == LIMIT and "per_rank" not in s1["adapt"]
+    a = s2["adapt"]
+    assert a["ranks"] == "independent" and [r["rank"] for r in a["per_rank"]] == [0, 1]
+    assert [r["requests"] for r in a["per_rank"]] == [3, 2] and a["requests"] == LIMIT
