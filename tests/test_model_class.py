@@ -149,7 +149,7 @@ def test_a_round_that_commits_nothing_raises(monkeypatch):
     import lm_eval_spot.decoding.loop as loop
     from fakes import ScriptedAdapter
 
-    def stuck(logits, eligible, temperature, gumbel):
+    def stuck(logits, eligible, temperature, gumbel, trunc=None):
         R = logits.shape[0]
         return torch.zeros(R, dtype=torch.long), torch.full((R,), 9, dtype=torch.long)  # slot 0: the prompt's
 
