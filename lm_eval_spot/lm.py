@@ -231,7 +231,7 @@ class SpotDLM(LM):
 
     def _online_adapter(self) -> OnlineAdapter | None:
         seed = mix_seed(self.base_seed, "adapt", self.rank) & 0xFFFFFFFF
-        return online_adapter_for(self.args, self.proposer, self.drafter_path, self.adapter.info.mask_id, seed)
+        return online_adapter_for(self.args, self.proposer, self.drafter_path, seed)
 
     def _save_adapted(self) -> None:
         """drafter_out: the adapted drafter as a drafter folder (each rank its own, under rank_N, with several)."""

@@ -55,8 +55,3 @@ def truncate(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         drop[..., -1] = False
         out = out.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
     return out
-
-
-def active_or_none(trunc: Truncation | None) -> Truncation | None:
-    """The truncation when it changes anything, else None (the hot paths skip it)."""
-    return trunc if trunc is not None and trunc.active else None

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from lm_eval_spot.config import SpotArgError, SpotArgs, shipped_drafter_path
-from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, draftable_rounds, make_round_batch
+from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, draftable_rounds
 from lm_eval_spot.drafter.factored import FactoredOrderModel
 
 log = logging.getLogger("lm_eval.spot.adapt")  # a child of lm-eval's logger: its CLI shows these lines
@@ -65,19 +65,17 @@ class ReplayBuffer:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._parts: deque[Trajectories] = deque()
+        self.rounds = 0  # rounds held now
         self._data: Trajectories | None = None
         self._units = torch.zeros(0, dtype=torch.long)
         self._stale = False
 
     def add(self, t: Trajectories) -> None:
         self._parts.append(t)
+        self.rounds += len(t.pos)
         while len(self._parts) > 1 and self.rounds > self.capacity:
-            self._parts.popleft()
+            self.rounds -= len(self._parts.popleft().pos)
         self._stale = True
-
-    @property
-    def rounds(self) -> int:
-        return sum(len(p.pos) for p in self._parts)
 
     def materialise(self) -> tuple[Trajectories | None, torch.Tensor]:
         """(the buffer as one Trajectories, its draftable rounds), rebuilt only when something was added."""
@@ -92,9 +90,9 @@ class OnlineAdapter:
     """Fine-tunes a factored drafter in place from the requests a run decodes. `refresh` is called after each
     update (the proposer's host snapshot of the weights is rebuilt there)."""
 
-    def __init__(self, model: FactoredOrderModel, refresh: Callable[[], None], cfg: AdaptConfig, mask_id: int,
+    def __init__(self, model: FactoredOrderModel, refresh: Callable[[], None], cfg: AdaptConfig,
                  origin: dict[str, Any]) -> None:
-        self.model, self.refresh, self.cfg, self.mask_id, self.origin = model, refresh, cfg, mask_id, origin
+        self.model, self.refresh, self.cfg, self.origin = model, refresh, cfg, origin
         params = [p for n, p in model.named_parameters() if cfg.params == "all" or n.startswith(HEAD_PREFIXES)]
         if cfg.params != "all":  # no gradient through the encoder: its backward is most of a step's cost
             keep = {id(p) for p in params}
@@ -110,17 +108,20 @@ class OnlineAdapter:
         self._owed = 0  # requests finished since the last update
         self.requests = self.examples = self.steps = self.updates = 0
         self.seconds = 0.0  # adaptation's own work: turning records into examples, training, refreshing tables
-        self.version = 0  # bumped by every update that changed the weights
-        self.losses: list[float] = []
+        self.losses: deque[float] = deque(maxlen=50)  # the most recent steps' losses (the summary's loss_recent)
+
+    @property
+    def version(self) -> int:
+        """The weights' version: every update moves them once."""
+        return self.updates
 
     def recorder(self) -> TrajectoryRecorder:
         self._next += 1
         return TrajectoryRecorder(self._next - 1, block_offset=(self._next - 1) * 100_000)
 
-    def add(self, rec: TrajectoryRecorder | Trajectories | None) -> None:
-        """One finished request's verified commits (its recorder, or what the recorder already returned)."""
+    def add(self, t: Trajectories | None) -> None:
+        """One finished request's verified commits, as its recorder returned them."""
         t0 = time.perf_counter()
-        t = rec.result(self.mask_id) if isinstance(rec, TrajectoryRecorder) else rec
         self.requests += 1
         self._owed += 1
         if t is not None and len(t.pos):
@@ -148,19 +149,15 @@ class OnlineAdapter:
             self.model.train(was_training)
             self.steps += n_steps
             self.updates += 1
-            self.version += 1
             self.refresh()
             moved = True
         self.seconds += time.perf_counter() - t0
         return moved
 
     def _step(self, data: Trajectories, idx: torch.Tensor) -> float:
-        m = self.model
-        b = make_round_batch(data, idx, self.cfg.max_depth, m.cfg.max_block_len, m.cfg.top_k)
-        logits = m.node_logits(m.tables(b.feat.to(m.device), b.rank.to(m.device), b.status.to(m.device)),
-                               b.on_path.to(m.device), b.last.to(m.device))
-        valid = b.valid.to(m.device)
-        loss = torch.nn.functional.cross_entropy(logits[valid], b.label.to(m.device)[valid])
+        from lm_eval_spot.drafter.train import factored_loss  # the trainer's own loss: one definition
+
+        loss = factored_loss(self.model, data, idx, self.cfg.max_depth)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], 1.0)
@@ -168,7 +165,7 @@ class OnlineAdapter:
         return float(loss.detach())
 
     def summary(self) -> dict[str, Any]:
-        recent = self.losses[-50:]
+        recent = list(self.losses)
         return {"mode": "online", "requests": self.requests, "examples": self.examples,
                 "buffer_rounds": self.buffer.rounds, "update_steps": self.steps, "updates": self.updates,
                 "seconds": round(self.seconds, 3), "loss_recent": sum(recent) / len(recent) if recent else None,
@@ -186,9 +183,7 @@ class OnlineAdapter:
             "schedule": asdict(self.cfg)}}
         meta = DrafterMeta(feature_version_of(self.model), self.model.cfg.top_k, lens, target,
                            str(base.get("task", "online")), None, None, extra)
-        was = self.model.device
         save_drafter(self.model, meta, Path(folder).expanduser())
-        assert self.model.device == was
 
 
 def adapt_across_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -203,8 +198,7 @@ def adapt_across_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any] | None:
             "seconds": round(max(r["seconds"] + r["recording_s"] for r in per_rank), 3), "per_rank": per_rank}
 
 
-def online_adapter_for(args: SpotArgs, proposer: Any, drafter_path: Path | None, mask_id: int,
-                       seed: int) -> OnlineAdapter | None:
+def online_adapter_for(args: SpotArgs, proposer: Any, drafter_path: Path | None, seed: int) -> OnlineAdapter | None:
     """The run's adapter: on when asked (adapt=online, drafter_out=) or, under adapt=auto, when the run drafts with a
     drafter not trained on this target (the shipped transfer drafter); None otherwise."""
     from lm_eval_spot.drafter.proposer import LearnedOrder
@@ -230,4 +224,4 @@ def online_adapter_for(args: SpotArgs, proposer: Any, drafter_path: Path | None,
     log.info("spot-dlm: online adaptation on: the drafter (%s) fine-tunes on this run's verified commits, %d roots "
              "per finished request in steps of %d, between chunks only (outputs stay exact)", drafter_path.name,
              cfg.roots_per_request, cfg.batch)
-    return OnlineAdapter(order.model, order.refresh, cfg, mask_id, {"drafter": str(drafter_path), "meta": meta})
+    return OnlineAdapter(order.model, order.refresh, cfg, {"drafter": str(drafter_path), "meta": meta})

@@ -169,11 +169,19 @@ def split_examples(traj: Trajectories, cfg: TrainConfig) -> tuple[torch.Tensor, 
     return ex[~held], ex[held]
 
 
+def factored_loss(model: FactoredOrderModel, traj: Trajectories, rounds: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """Cross-entropy of the next true commit over every replay depth < max_depth of each root in `rounds`."""
+    b = make_round_batch(traj, rounds, max_depth, model.cfg.max_block_len, model.cfg.top_k)
+    dev = model.device
+    logits = model.node_logits(model.tables(b.feat.to(dev), b.rank.to(dev), b.status.to(dev)), b.on_path.to(dev),
+                               b.last.to(dev))
+    valid = b.valid.to(dev)
+    return torch.nn.functional.cross_entropy(logits[valid], b.label.to(dev)[valid])
+
+
 def _loss(model: DrafterModel, traj: Trajectories, units: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
     if isinstance(model, FactoredOrderModel):
-        b = make_round_batch(traj, units, cfg.max_depth, model.cfg.max_block_len, model.cfg.top_k)
-        logits = model.node_logits(model.tables(b.feat, b.rank, b.status), b.on_path, b.last)
-        return torch.nn.functional.cross_entropy(logits[b.valid], b.label[b.valid])
+        return factored_loss(model, traj, units, cfg.max_depth)
     b = make_batch(traj, units)
     return torch.nn.functional.cross_entropy(model(b.feat, b.status, b.depth), b.label)
 

@@ -41,6 +41,7 @@ def _requests(task: str, n: int, temperature: float) -> list[Any]:
 
 def run_config(name: str, model_args: dict[str, Any], requests: list[Any], last: int) -> dict[str, Any]:
     from lm_eval_spot.lm import SpotDLM
+    from lm_eval_spot.metrics import nfe_by_tenth
 
     t0 = time.perf_counter()
     lm = SpotDLM(**model_args)
@@ -49,7 +50,7 @@ def run_config(name: str, model_args: dict[str, Any], requests: list[Any], last:
     nfe = [s.nfe for s in lm.stats.samples]
     row = {"config": name, "model_args": {k: str(v) for k, v in model_args.items()},
            "nfe_per_sample": statistics.mean(nfe), f"nfe_last_{last}": statistics.mean(nfe[-last:]),
-           "nfe_by_tenth": [round(x, 2) for x in _tenths(nfe)], "decode_wall_s": spot["decode_wall_s"],
+           "nfe_by_tenth": [round(x, 2) for x in nfe_by_tenth(nfe)], "decode_wall_s": spot["decode_wall_s"],
            "process_s": time.perf_counter() - t0, "exact_match_to_control": spot.get("exact_match_to_control"),
            "nfe": nfe}
     if "adapt" in spot:
@@ -59,12 +60,6 @@ def run_config(name: str, model_args: dict[str, Any], requests: list[Any], last:
              row[f"nfe_last_{last}"], row["decode_wall_s"],
              f", adapt {100 * row['adapt']['share_of_wall']:.1f}%" if "adapt" in row else "")
     return row
-
-
-def _tenths(nfe: list[int]) -> list[float]:
-    from lm_eval_spot.metrics import nfe_by_tenth
-
-    return nfe_by_tenth(nfe)
 
 
 def main(argv: list[str] | None = None) -> None:
