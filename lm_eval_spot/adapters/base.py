@@ -63,6 +63,14 @@ class NFECounter:
         return self.prefill + self.rounds + self.store
 
 
+@dataclass
+class ForwardTally:
+    """Model forwards an adapter has run, whatever their shape or how many requests shared them (the run
+    summary's forwards per step; NFE is per request and counts a shared forward once for each)."""
+
+    forwards: int = 0
+
+
 @runtime_checkable
 class TargetSession(Protocol):
     """One request's view of the target: a prefix cache plus the active block's start position."""
@@ -92,6 +100,7 @@ class TargetSession(Protocol):
 class TargetAdapter(Protocol):
     info: TargetInfo
     device: torch.device  # where the model's logits are (and the round's arithmetic runs)
+    tally: ForwardTally
 
     def open(self, prompt_ids: list[int], gen_length: int | None = None) -> tuple[TargetSession, list[int]]:
         """Start a request on the prompt; `gen_length` is the generation's maximum length (a fully bidirectional

@@ -12,29 +12,40 @@ blocks, all masks at the start. Two modes:
   (prefix, state): the all-mask state's logits are those of the full forward, every other state's come from the
   cached prefix. SPOT is exact relative to this cached control, NOT to full recomputation.
 
+Several requests share forwards (`forward_many`). The native classes run through the project's attention, so
+canvases of any lengths share ONE forward (`ragged`: each request attends only its own positions, padding never
+reaches attention); in approx mode a step makes at most two (the blocks' cache builds, then the cached rows). The
+official forwards take no mask that could hide padding (LLaDA ignores masks; Dream's mask would change its
+attention arithmetic), so there canvases of one length share a forward.
+
 Shifted targets (Dream: the prediction for position i is the raw output at i - 1) are realigned here: the
 decoder always sees position-aligned logits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
-from lm_eval_spot.adapters.base import NFECounter, TargetInfo
-from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, use_prefix_attention
+from lm_eval_spot.adapters.base import ForwardTally, NFECounter, RowsCall, TargetInfo
+from lm_eval_spot.adapters.prefix_attention import KV, NAME, PrefixPass, use_prefix_attention
+from lm_eval_spot.adapters.ragged import Attends, FullAttention, RaggedPass, stack_rows
 from lm_eval_spot.decoding.transfer import upload
+
+NO_MASK = {"full_attention": None, "sliding_attention": None}  # masking is the pass's job
 
 
 class CanvasProtocol(Protocol):
-    """How one family's forward runs a whole bidirectional canvas."""
+    """How one family's forward runs whole bidirectional canvases."""
 
     shifted: bool  # raw output i predicts position i + 1 (Dream)
+    ragged: bool  # rows of different lengths share a forward (`run`); else only canvases of one length
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """ids [R, N] (positions 0..N-1, every position sees every other) -> raw logits at positions `keep`
-        [R, len(keep), V]."""
+        """ids [B, N] (positions 0..N-1, every position sees every other) -> raw logits at positions `keep`
+        ([K] for every row, or [B, K] per row) -> [B, K, V]."""
         ...
 
 
@@ -52,16 +63,19 @@ class BidirectionalSession:
         self._prefix = list(prompt)  # prompt and finished blocks
         self.canvas_len = len(prompt) + -(-gen_length // L) * L
         self.nfe = NFECounter()
-        self._kv: KV | None = None  # approx mode: the active block's cached prefix
+        self.kv: KV | None = None  # approx mode: the active block's cached prefix
+        self.mask_logits: torch.Tensor | None = None  # approx mode: the all-mask state's logits (full forward)
         self.device_states: torch.Tensor | None = None  # the last forward's state rows [R, L], on the device
-        self._mask_logits: torch.Tensor | None = None  # approx mode: the all-mask state's logits (full forward)
 
     @property
     def block_start(self) -> int:
         return len(self._prefix)
 
-    def _canvas(self, states: torch.Tensor) -> torch.Tensor:
+    def canvas(self, states: torch.Tensor) -> torch.Tensor:
+        """Host canvases [R, canvas_len]: the prefix, each state, the trailing masks."""
         R, L = states.shape
+        if L != self._adapter.info.block_len:
+            raise ValueError(f"states must have block length {self._adapter.info.block_len}, got {L}")
         tail = self.canvas_len - self.block_start - L
         if tail < 0:
             raise ValueError(f"the canvas ({self.canvas_len} positions) has no room for another block")
@@ -69,61 +83,23 @@ class BidirectionalSession:
         pre = torch.tensor(self._prefix, dtype=torch.long).expand(R, -1)
         return torch.cat([pre, states.long(), torch.full((R, tail), mask, dtype=torch.long)], dim=1)
 
+    def keep(self) -> torch.Tensor:
+        """Raw positions of the active block's predictions [L] (host)."""
+        return raw_positions(self.block_start, self._adapter.info.block_len, self._adapter.protocol.shifted)
+
     def block_logits(self, states: torch.Tensor) -> torch.Tensor:
-        ad = self._adapter
-        R, L = states.shape
-        if L != ad.info.block_len:
-            raise ValueError(f"states must have block length {ad.info.block_len}, got {L}")
-        # Kept positions are made on the device (from sizes: nothing to upload); the canvas goes up in one copy.
-        keep = raw_positions(self.block_start, L, ad.protocol.shifted, ad.device)
-        canvas = upload(self._canvas(states), device=ad.device)[0]
-        self.device_states = canvas[:, self.block_start : self.block_start + L]
-        if ad.cache == "none":
-            with torch.no_grad():
-                out = ad.protocol.forward(ad.model, canvas, keep)
-            self.nfe.rounds += 1
-            return out.float()
-        return self._approx(states, canvas, keep)
-
-    def _approx(self, states: torch.Tensor, canvas: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        ad = self._adapter
-        all_mask = (states == ad.info.mask_id).all(dim=1).tolist()  # host states: no device read
-        built_now = self._kv is None
-        if built_now:
-            self._build_cache(canvas)
-        rest = [i for i, m in enumerate(all_mask) if not m]
-        # Rows picked by host ints (views), not by an index tensor that would have to go up.
-        rest_out = iter(ad.cached_forward(torch.stack([canvas[i] for i in rest]), self._kv, keep) if rest else [])
-        assert self._mask_logits is not None
-        out = torch.stack([self._mask_logits[0] if m else next(rest_out) for m in all_mask])
-        # One NFE per call; a cache build that needed a forward of its own on top is a `store` forward.
-        self.nfe.rounds += 1
-        if built_now and len(rest):
-            self.nfe.store += 1
-        return out
-
-    def _build_cache(self, canvas: torch.Tensor) -> None:
-        """canvas: the round's canvases on the device; the block's all-mask canvas is row 0's with the block
-        masked (made there, not uploaded)."""
-        ad = self._adapter
-        L = ad.info.block_len
-        masks = canvas[:1].clone()
-        masks[:, self.block_start : self.block_start + L] = ad.info.mask_id
-        keep = raw_positions(self.block_start, L, ad.protocol.shifted, ad.device)
-        self._kv, self._mask_logits = ad.full_forward_with_cache(masks, ad.cached_len(self.block_start), keep)
+        return self._adapter.forward_many([RowsCall(self, states)])[0][0]
 
     def full_logits(self, states: torch.Tensor) -> torch.Tensor:
         """Reference: the whole canvas recomputed (what exact mode's `block_logits` is; what `cache=approx`
         approximates). Counts no NFE: it is for checks, not decoding."""
-        ad = self._adapter
-        keep = raw_positions(self.block_start, ad.info.block_len, ad.protocol.shifted, ad.device)
-        return ad.sequence_logits(self._canvas(states), keep)
+        return self._adapter.sequence_logits(self.canvas(states), self.keep())
 
     def commit_block(self, block: torch.Tensor) -> None:
         if block.shape[0] != self._adapter.info.block_len:
             raise ValueError("commit_block takes one complete block")
         self._prefix.extend(block.tolist())
-        self._kv = self._mask_logits = None  # the next block builds its own prefix cache
+        self.kv = self.mask_logits = None  # the next block builds its own prefix cache
 
 
 class BidirectionalAdapter:
@@ -139,75 +115,201 @@ class BidirectionalAdapter:
             raise ValueError(f"cache must be 'none' or 'approx', got {cache!r}")
         if info.exact_prefix_cache != (cache == "none"):
             raise ValueError("exact_prefix_cache must be True exactly when cache='none'")
+        if cache == "approx" and not protocol.ragged:
+            raise ValueError("cache='approx' needs a forward through the project's attention (a native class)")
         self.model = model.eval()
         self.info = info
         self.protocol = protocol
         self.cache = cache
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.kernel = use_prefix_attention(self.model, attention) if cache == "approx" else None
+        self.kernel = use_prefix_attention(self.model, attention) if protocol.ragged else None
+        self.tally = ForwardTally()
 
     def open(self, prompt_ids: list[int], gen_length: int | None = None) -> tuple[BidirectionalSession, list[int]]:
         if gen_length is None:
             raise ValueError("a bidirectional target lays out its whole canvas: open() needs gen_length")
         return BidirectionalSession(self, prompt_ids, gen_length), []
 
-    def sequence_logits(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """Whole sequences [R, N] (every position sees every other, no cache) -> raw logits at positions `keep`
-        [R, len(keep), V] float32 (shifted targets: the caller picks raw positions, `raw_positions`). The
-        self-check's reference and the likelihood bound's forward; counts no NFE."""
-        keep = keep.to(self.device)
-        if self.cache == "approx":  # the project's attention function serves whole canvases too (no PrefixPass)
-            R, N = ids.shape
-            zeros = torch.zeros(N, N, dtype=self.dtype, device=self.device)
-            return self._run(ids, torch.arange(N).expand(R, -1),
-                             PrefixPass([(0, R, None)], zeros, kernel=self.kernel, dense=True), keep)
-        with torch.no_grad():
-            return self.protocol.forward(self.model, ids.to(self.device), keep).float()
+    def _whole(self, rows: int) -> Attends:
+        """The attention of a whole canvas (no cache): exact mode's stock SDPA, approx mode's own kernels."""
+        if self.cache == "none":
+            return FullAttention()
+        return PrefixPass([(0, rows, None)], torch.zeros(0, 0), kernel=self.kernel, dense=True)
 
-    # ---- approx mode (native transformers classes through the project's prefix attention) --------------------
+    # ---- forwards shared by several requests -------------------------------------------------------------------
+    def block_logits_many(self, items: Sequence[tuple[BidirectionalSession, torch.Tensor]]) -> list[torch.Tensor]:
+        return [lg for lg, _ in self.forward_many([RowsCall(s, st) for s, st in items])]
+
+    def forward_many(self, calls: Sequence[RowsCall]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Several requests' rounds, each charged one NFE and given the logits of its own forward: ONE forward for
+        every canvas (ragged protocols; approx mode: one for the blocks' cache builds, one for the cached rows),
+        else one per canvas length."""
+        if any(c.ahead is not None for c in calls):
+            raise ValueError("a bidirectional target has no cross-block lookahead row")
+        if self.cache == "approx":
+            return [(lg, None) for lg in self._approx_many(calls)]
+        out: list[torch.Tensor | None] = [None] * len(calls)
+        canvases = [c.session.canvas(c.states) for c in calls]
+        for idx in self._groups([cv.shape[1] for cv in canvases]):
+            ids = stack_rows([canvases[i] for i in idx], self.info.mask_id)
+            keep = torch.cat([calls[i].session.keep().expand(calls[i].states.shape[0], -1) for i in idx])
+            parts, a = [], 0
+            for i in idx:
+                r = canvases[i].shape[0]
+                parts.append((a, a + r, canvases[i].shape[1], self._whole(r)))
+                a += r
+            pos = stack_rows([torch.arange(canvases[i].shape[1]).expand(canvases[i].shape[0], -1) for i in idx], 0)
+            ids_dev, pos_dev, keep_dev = upload(ids, pos, keep, device=self.device)
+            logits = self._forward(ids_dev, pos_dev, parts, keep_dev)
+            a = 0
+            for i in idx:
+                s, r = calls[i].session, canvases[i].shape[0]
+                s.device_states = ids_dev[a : a + r, s.block_start : s.block_start + self.info.block_len]
+                s.nfe.rounds += 1
+                out[i] = logits[a : a + r]
+                a += r
+        return [(o, None) for o in out if o is not None]
+
+    def _groups(self, lengths: list[int]) -> list[list[int]]:
+        if self.protocol.ragged:
+            return [list(range(len(lengths)))]
+        by: dict[int, list[int]] = {}
+        for i, n in enumerate(lengths):
+            by.setdefault(n, []).append(i)
+        return list(by.values())
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, parts: list[tuple[int, int, int, Attends]],
+                 keep: torch.Tensor) -> torch.Tensor:
+        """One forward of device rows [B, N] -> float32 logits [B, K, V] at per-row raw positions keep [B, K]."""
+        self.tally.forwards += 1
+        with torch.no_grad():
+            if self.protocol.ragged:
+                return self.protocol.run(self.model, ids, pos, RaggedPass(parts), keep).float()  # type: ignore[attr-defined]
+            return self.protocol.forward(self.model, ids, keep).float()
+
+    def _approx_many(self, calls: Sequence[RowsCall]) -> list[torch.Tensor]:
+        """Approx mode: the blocks' cache builds (a block's first forward: its all-mask canvas, keys/values of the
+        prefix recorded) in one forward, then every not-all-mask row from its own cached prefix in another."""
+        L, mask = self.info.block_len, self.info.mask_id
+        sessions = [c.session for c in calls]
+        build = [i for i, s in enumerate(sessions) if s.kv is None]
+        all_mask = [(c.states == mask).all(dim=1).tolist() for c in calls]  # host states: no device read
+        rest = [[r for r, m in enumerate(am) if not m] for am in all_mask]
+        full = [sessions[i].canvas(torch.full((1, L), mask, dtype=torch.long)) for i in build]
+        starts = [self.cached_len(s.block_start) for s in sessions]
+        cached = [sessions[i].canvas(calls[i].states[rest[i]])[:, starts[i]:] for i in range(len(calls)) if rest[i]]
+        host: list[torch.Tensor] = [torch.cat([c.states.long() for c in calls])]
+        if full:
+            host += [stack_rows(full, mask), stack_rows([torch.arange(f.shape[1])[None] for f in full], 0),
+                     torch.stack([sessions[i].keep() for i in build])]
+        if cached:
+            with_rest = [i for i in range(len(calls)) if rest[i]]
+            host += [stack_rows(cached, mask),
+                     stack_rows([torch.arange(starts[i], sessions[i].canvas_len).expand(len(rest[i]), -1)
+                                 for i in with_rest], 0),
+                     torch.cat([(sessions[i].keep() - starts[i]).expand(len(rest[i]), -1) for i in with_rest])]
+        dev = list(upload(*host, device=self.device))
+        states_dev = dev.pop(0)
+        if full:
+            ids, pos, keep = dev[:3]
+            dev = dev[3:]
+            passes = [PrefixPass([(0, 1, None)], torch.zeros(0, 0), record=starts[i], kernel=self.kernel, dense=True)
+                      for i in build]
+            logits = self._forward(ids, pos, [(j, j + 1, f.shape[1], p) for j, (f, p) in enumerate(zip(full, passes))],
+                                   keep)
+            for j, (i, pp) in enumerate(zip(build, passes, strict=True)):
+                sessions[i].kv = [(pp.recorded[k][0].clone(), pp.recorded[k][1].clone()) for k in sorted(pp.recorded)]
+                sessions[i].mask_logits = logits[j : j + 1]
+        rest_out: list[torch.Tensor] = []
+        if cached:
+            ids, pos, keep = dev
+            parts, a = [], 0
+            for i in with_rest:
+                r = len(rest[i])
+                parts.append((a, a + r, sessions[i].canvas_len - starts[i],
+                              PrefixPass([(0, r, sessions[i].kv or None)], torch.zeros(0, 0), kernel=self.kernel,
+                                         dense=True)))
+                a += r
+            logits = self._forward(ids, pos, parts, keep)
+            a = 0
+            for i in with_rest:
+                rest_out.append(logits[a : a + len(rest[i])])
+                a += len(rest[i])
+        outs, it, a = [], iter(rest_out), 0
+        for i, (c, s) in enumerate(zip(calls, sessions, strict=True)):
+            R = c.states.shape[0]
+            s.device_states = states_dev[a : a + R]
+            a += R
+            got = iter(next(it)) if rest[i] else iter(())
+            assert s.mask_logits is not None
+            outs.append(torch.stack([s.mask_logits[0] if m else next(got) for m in all_mask[i]]))
+            # One NFE per call; a cache build that needed a forward of its own on top is a `store` forward.
+            s.nfe.rounds += 1
+            if i in build and rest[i]:
+                s.nfe.store += 1
+        return outs
+
     def cached_len(self, block_start: int) -> int:
         """Prefix positions kept in the cache: a shifted target re-feeds the last prefix token, whose output is
         the prediction for the block's first slot."""
         return block_start - 1 if self.protocol.shifted and block_start > 0 else block_start
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, pp: PrefixPass, keep: torch.Tensor) -> torch.Tensor:
-        """ids/positions/keep: on the device (or host tensors, moved: reference paths only)."""
-        with torch.no_grad():
-            out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
-                             attention_mask={"full_attention": None, "sliding_attention": None}, use_cache=False,
-                             logits_to_keep=keep.to(self.device), spot_prefix=pp)
-        return out.logits.float()
+    # ---- whole sequences (the self-check's reference and the likelihood bound; no NFE) --------------------------
+    def sequence_logits(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Whole sequences [R, N] (every position sees every other, no cache) -> raw logits at positions `keep`
+        [R, len(keep), V] float32 (shifted targets: the caller picks raw positions, `raw_positions`)."""
+        return self.sequence_logits_many([(ids, keep)])[0]
 
-    def full_forward_with_cache(self, canvas: torch.Tensor, n_cache: int, keep: torch.Tensor) -> tuple[KV, torch.Tensor]:
-        """One whole-canvas forward (row 0) that also records the first n_cache positions' keys/values."""
-        N = canvas.shape[1]
-        zeros = torch.zeros(N, N, dtype=self.dtype, device=self.device)  # every position sees every other
-        pp = PrefixPass([(0, 1, None)], zeros, record=n_cache, kernel=self.kernel, dense=True)
-        logits = self._run(canvas, torch.arange(N, device=self.device)[None], pp, keep)
-        kv = [(pp.recorded[i][0].clone(), pp.recorded[i][1].clone()) for i in sorted(pp.recorded)]
-        return kv, logits  # kv == [] when nothing precedes the block
-
-    def cached_forward(self, canvas: torch.Tensor, kv: KV, keep: torch.Tensor) -> torch.Tensor:
-        """Rows [R, N] of whole canvases, run from the cached prefix on: only positions >= the cached length."""
-        c = kv[0][0].shape[-2] if kv else 0
-        R, N = canvas.shape
-        zeros = torch.zeros(N - c, N - c, dtype=self.dtype, device=self.device)
-        pp = PrefixPass([(0, R, kv or None)], zeros, kernel=self.kernel, dense=True)
-        return self._run(canvas[:, c:], torch.arange(c, N, device=self.device).expand(R, -1), pp, keep - c)
-
+    def sequence_logits_many(self, items: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """`sequence_logits` of several (ids [r, n], keep [k]) in as few forwards as the protocol allows (one when
+        ragged; else one per length)."""
+        out: list[torch.Tensor | None] = [None] * len(items)
+        for idx in self._groups([ids.shape[1] for ids, _ in items]):
+            k = max(items[i][1].shape[0] for i in idx)
+            ids = stack_rows([items[i][0].long() for i in idx], self.info.mask_id)
+            pos = stack_rows([torch.arange(items[i][0].shape[1]).expand(items[i][0].shape[0], -1) for i in idx], 0)
+            keep = torch.cat([torch.nn.functional.pad(items[i][1].long(), (0, k - items[i][1].shape[0]))
+                              .expand(items[i][0].shape[0], -1) for i in idx])
+            parts, a = [], 0
+            for i in idx:
+                r, n = items[i][0].shape
+                parts.append((a, a + r, n, self._whole(r)))
+                a += r
+            ids_dev, pos_dev, keep_dev = upload(ids, pos, keep, device=self.device)
+            logits = self._forward(ids_dev, pos_dev, parts, keep_dev)
+            a = 0
+            for i in idx:
+                r = items[i][0].shape[0]
+                out[i] = logits[a : a + r, : items[i][1].shape[0]]
+                a += r
+        return [o for o in out if o is not None]
 
 
 class NativeCanvas:
-    """A transformers causal-LM class (Llama, Qwen2, ...) run bidirectionally: an all-zero additive 4D mask
-    (every position attends every other), explicit positions, only the kept positions reach the LM head."""
+    """A transformers causal-LM class (Llama, Qwen2, ...) run bidirectionally through the project's attention
+    (`use_prefix_attention`, which the adapter selects): explicit positions, every position attends every other of
+    its own row's sequence, only the kept positions reach the LM head."""
+
+    ragged = True
 
     def __init__(self, shifted: bool) -> None:
         self.shifted = shifted
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         R, N = ids.shape
-        dtype = next(model.parameters()).dtype
-        mask = torch.zeros(R, 1, N, N, dtype=dtype, device=ids.device)
         pos = torch.arange(N, device=ids.device).expand(R, -1)
-        return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=keep).logits
+        keep = keep.to(ids.device)
+        return self.run(model, ids, pos, RaggedPass([(0, R, N, FullAttention())]),
+                        keep.expand(R, -1) if keep.dim() == 1 else keep)
+
+    def run(self, model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, pp: RaggedPass, keep: torch.Tensor
+            ) -> torch.Tensor:
+        """Rows [B, N] at positions [B, N] with the pass's attention -> raw logits [B, K, V] at keep [B, K]."""
+        if model.config._attn_implementation != NAME:
+            raise RuntimeError("NativeCanvas needs the model's attention set to the project's (use_prefix_attention)")
+        with torch.no_grad():
+            hidden = model.model(input_ids=ids, position_ids=pos, attention_mask=NO_MASK, use_cache=False,
+                                 spot_prefix=pp).last_hidden_state
+            rows = torch.arange(ids.shape[0], device=ids.device)[:, None]
+            return model.lm_head(hidden[rows, keep])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lm_eval_spot.adapters.base import NFECounter, RowsCall, TargetInfo
+from lm_eval_spot.adapters.base import ForwardTally, NFECounter, RowsCall, TargetInfo
 from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, StackedPass, use_prefix_attention
 from lm_eval_spot.decoding.transfer import upload
 from lm_eval_spot.masks import allowed_to_additive, block_causal_allowed
@@ -191,6 +191,7 @@ class BlockCausalAdapter:
         self.device, self.dtype = param.device, param.dtype
         self.kernel = use_prefix_attention(self.model, attention)
         self.layers = [m.layer_idx for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
+        self.tally = ForwardTally()
 
     def block_logits_many(self, items: Sequence[tuple[BlockCausalSession, torch.Tensor]]) -> list[torch.Tensor]:
         """`block_logits` for several requests' states, in as few forwards as `forward_many` runs."""
@@ -233,6 +234,7 @@ class BlockCausalAdapter:
         """One forward of host ids [B, N] at positions [B, N] with prefix attention (both uploaded in one copy)
         -> (logits [B, keep, V] float32, the ids on the device)."""
         ids_dev, pos_dev = upload(ids.long(), positions.long(), device=self.device)
+        self.tally.forwards += 1
         with torch.no_grad():
             out = self.model(
                 input_ids=ids_dev,

@@ -14,11 +14,12 @@ materialises R copies of the prefix KV: a memory cost of the reference path, not
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 
-from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.base import ForwardTally, RowsCall, TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalSession
 from lm_eval_spot.adapters.prefix_attention import KV
 from lm_eval_spot.decoding.transfer import upload
@@ -37,23 +38,28 @@ class CacheProtocol(Protocol):
         ...
 
 
-def make_cache(prefix: KV | None, rows: int) -> Any:
-    """A DynamicCache holding `prefix` expanded (without copies) to `rows` batch rows."""
+def make_cache_rows(prefixes: Sequence[tuple[KV | None, int]]) -> Any:
+    """A DynamicCache holding each (prefix, rows) expanded to its rows, stacked in order (one prefix: without
+    copies). The prefixes have one length (or are all None)."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    for layer, (k, v) in enumerate(prefix or []):
-        cache.update(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1), layer)
+    if prefixes[0][0] is None:
+        return cache
+    for layer in range(len(prefixes[0][0])):
+        ks = [kv[layer][0].expand(r, -1, -1, -1) for kv, r in prefixes if kv is not None]
+        vs = [kv[layer][1].expand(r, -1, -1, -1) for kv, r in prefixes if kv is not None]
+        cache.update(ks[0] if len(ks) == 1 else torch.cat(ks), vs[0] if len(vs) == 1 else torch.cat(vs), layer)
     return cache
 
 
-def cache_kv(cache: Any, length: int) -> KV:
-    """Row 0 of a DynamicCache's first `length` positions, as stored prefix KV (copies: the cache is dropped)."""
+def cache_kv(cache: Any, length: int, row: int = 0) -> KV:
+    """One row of a DynamicCache's first `length` positions, as stored prefix KV (copies: the cache is dropped)."""
     if hasattr(cache, "layers"):
         pairs = [(layer.keys, layer.values) for layer in cache.layers]
     else:  # older DynamicCache layout
         pairs = list(zip(cache.key_cache, cache.value_cache, strict=True))
-    return [(k[:1, :, :length].clone(), v[:1, :, :length].clone()) for k, v in pairs]
+    return [(k[row : row + 1, :, :length].clone(), v[row : row + 1, :, :length].clone()) for k, v in pairs]
 
 
 class RemoteBlockCausalSession(BlockCausalSession):
@@ -74,28 +80,14 @@ class RemoteBlockCausalSession(BlockCausalSession):
         return torch.cat([torch.ones(P + L, self._len, dtype=torch.bool, device=device), new], dim=1)
 
     def block_logits(self, states: torch.Tensor) -> torch.Tensor:
-        ad = self._adapter
-        R, L = states.shape
-        if L != ad.info.block_len:
-            raise ValueError(f"states must have block length {ad.info.block_len}, got {L}")
-        P = len(self._pending)
-        pending = torch.tensor(self._pending, dtype=torch.long)
-        ids = upload(torch.cat([pending.expand(R, P), states.long()], dim=1), device=ad.device)[0]
-        self.device_states = ids[:, P:]
-        pos = torch.arange(self._len, self._len + P + L, device=ad.device).expand(R, -1)
-        allowed = self.allowed(P, L, ad.device).expand(R, -1, -1)
-        cache = make_cache(self._kv, R)
-        with torch.no_grad():
-            logits = ad.protocol.forward(ad.model, ids, pos, allowed, cache, store=P > 0, keep=L)
-        if P:
-            self._kv = cache_kv(cache, self._len + P)
-            self._len, self._pending = self._len + P, []
-        self.nfe.rounds += 1
-        return logits.float()
+        return self._adapter.forward_many([RowsCall(self, states)])[0][0]
+
 
 class RemoteBlockCausalAdapter:
     """Adapter over an official remote-code block-causal model (grid origin zero, exact prefix cache). Requests
-    decoded together (batch_size > 1) each run their own forwards here: outputs are the same, with no sharing."""
+    decoded together share a forward when their forwards have one shape (the same cached length and pending
+    blocks): the official attention takes one mask for every row, and a mask hiding a shorter prefix's padding
+    changes the arithmetic (SDAR leaves its unmasked flash path; tests show both), so ragged prefixes run apart."""
 
     copies_prefix_per_row = True  # each forward materialises the prefix KV once per row (memory estimate)
 
@@ -107,6 +99,47 @@ class RemoteBlockCausalAdapter:
         self.protocol = protocol
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.tally = ForwardTally()
+
+    def block_logits_many(self, items: Sequence[tuple[RemoteBlockCausalSession, torch.Tensor]]) -> list[torch.Tensor]:
+        return [lg for lg, _ in self.forward_many([RowsCall(s, st) for s, st in items])]
+
+    def forward_many(self, calls: Sequence[RowsCall]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Several requests' rounds, each charged one NFE and given its own forward's logits: one forward per
+        shape (cached length, pending length) among them."""
+        if any(c.ahead is not None for c in calls):
+            raise ValueError("the official remote code takes no lookahead row")
+        L = self.info.block_len
+        for c in calls:
+            if c.states.shape[1] != L:
+                raise ValueError(f"states must have block length {L}, got {c.states.shape[1]}")
+        out: list[torch.Tensor | None] = [None] * len(calls)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, c in enumerate(calls):
+            groups.setdefault((c.session._len, len(c.session._pending)), []).append(i)
+        for (cached, P), idx in groups.items():
+            sessions = [calls[i].session for i in idx]
+            rows = [calls[i].states.shape[0] for i in idx]
+            ids = upload(torch.cat([torch.cat([torch.tensor(s._pending, dtype=torch.long).expand(r, P),
+                                               calls[i].states.long()], dim=1)
+                                    for i, s, r in zip(idx, sessions, rows, strict=True)]), device=self.device)[0]
+            B = ids.shape[0]
+            pos = torch.arange(cached, cached + P + L, device=self.device).expand(B, -1)
+            allowed = sessions[0].allowed(P, L, self.device).expand(B, -1, -1)
+            cache = make_cache_rows([(s._kv, r) for s, r in zip(sessions, rows, strict=True)])
+            with torch.no_grad():
+                logits = self.protocol.forward(self.model, ids, pos, allowed, cache, store=P > 0, keep=L).float()
+            self.tally.forwards += 1
+            a = 0
+            for i, s, r in zip(idx, sessions, rows, strict=True):
+                s.device_states = ids[a : a + r, P:]
+                if P:
+                    s._kv = cache_kv(cache, cached + P, row=a)
+                    s._len, s._pending = cached + P, []
+                s.nfe.rounds += 1
+                out[i] = logits[a : a + r]
+                a += r
+        return [(o, None) for o in out if o is not None]
 
     def open(self, prompt_ids: list[int], gen_length: int | None = None) -> tuple[RemoteBlockCausalSession, list[int]]:
         L = self.info.block_len

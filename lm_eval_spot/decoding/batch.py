@@ -21,6 +21,18 @@ from lm_eval_spot.decoding.proposer import Proposer, prepare_batch
 from lm_eval_spot.decoding.transfer import sync
 
 
+@dataclass
+class StepTally:
+    """Steps of a batched decode and the model forwards they ran (a step: every live request's round once)."""
+
+    steps: int = 0
+    forwards: int = 0
+
+    @property
+    def forwards_per_step(self) -> float:
+        return self.forwards / self.steps if self.steps else 0.0
+
+
 @dataclass(frozen=True)
 class DecodeJob:
     prompt_ids: list[int]
@@ -43,9 +55,11 @@ def decode_many(
     jobs: Sequence[DecodeJob],
     batch_size: int,
     on_done: Callable[[int, DecodeResult], None] | None = None,
+    tally: StepTally | None = None,
 ) -> list[DecodeResult]:
     """Decode `jobs` with up to `batch_size` of them live at once; results in job order, each equal to what
-    `decode` gives for that job alone. `on_done(index, result)` is called as each finishes (progress, caching)."""
+    `decode` gives for that job alone. `on_done(index, result)` is called as each finishes (progress, caching);
+    `tally` (when given) adds the steps run and the model forwards they made (the adapter's `tally`)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     results: list[DecodeResult | None] = [None] * len(jobs)
@@ -76,6 +90,8 @@ def decode_many(
             step.append((i, req, req.plan_round(p)))
             host[i] += time.perf_counter() - t0 + (each if p is not None else 0.0)
         t0 = time.perf_counter()
+        counter = getattr(adapter, "tally", None)
+        before = counter.forwards if counter is not None else 0
         if isinstance(adapter, SharesForwards):
             outs = adapter.forward_many([RowsCall(req.session, st, req.ahead_row) for _, req, st in step])
         else:
@@ -83,6 +99,9 @@ def decode_many(
         if batch_size > 1:
             sync(adapter.device)  # the forward's own time (on an accelerator the call returns before it runs)
         forward = time.perf_counter() - t0
+        if tally is not None and step:
+            tally.steps += 1
+            tally.forwards += (counter.forwards - before) if counter is not None else len(step)
         total_rows = max(1, sum(req.rows for _, req, _ in step))
         for (i, req, _), (lg, ahead) in zip(step, outs, strict=True):
             t0 = time.perf_counter()

@@ -314,12 +314,17 @@ def load_native_weights(cls: Any, args: SpotArgs, config: Any, family: str,
 
 
 @contextmanager
-def head_sees_only(final_norm: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
+def head_sees_only(final_norm: torch.nn.Module, keep: torch.Tensor | slice) -> Iterator[None]:
     """While open, `final_norm` (the last module before an official forward's LM head, run once per forward) hands
     on only the positions `keep` (dim 1), so the head computes [B, len(keep), V] logits, not the whole canvas's:
     for official forwards that take no index of positions to keep. The norm is per position, so nothing else
-    changes."""
-    handle = final_norm.register_forward_hook(lambda _module, _args, out: out[:, keep])
+    changes. keep: positions [K] for every row (or a slice), or [B, K] per row."""
+    def pick(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        if isinstance(keep, torch.Tensor) and keep.dim() == 2:
+            return out[torch.arange(out.shape[0], device=out.device)[:, None], keep]
+        return out[:, keep]
+
+    handle = final_norm.register_forward_hook(pick)
     try:
         yield
     finally:

@@ -53,6 +53,7 @@ class DreamRemote:
     the backbone's final norm `model.norm` hands on the kept positions instead."""
 
     shifted = True
+    ragged = False  # it takes no mask that could hide padding: canvases of one length share a forward
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         with common.head_sees_only(model.model.norm, keep):

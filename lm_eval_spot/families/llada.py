@@ -81,6 +81,7 @@ class LLaDARemote:
     `scale_logits`) runs inside `LLaDAModel.forward` right after the final norm `transformer.ln_f`."""
 
     shifted = False
+    ragged = False  # it takes no mask that could hide padding: canvases of one length share a forward
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         with common.head_sees_only(model.model.transformer.ln_f, keep):

@@ -1,0 +1,57 @@
+"""Rows of different lengths in ONE forward, each attending only its own positions.
+
+A forward over several requests' canvases (fully bidirectional targets: each request's canvas has its own length)
+pads every row to the longest. Padding with a key mask would still change a row's attention arithmetic (a longer
+reduction, other kernel tiles: not bit for bit), so the padding never reaches attention at all: each layer runs
+each request's part on its own unpadded slice [rows, :length], exactly the call that request's forward alone makes,
+and writes zeros at the padded positions. Only the position-wise layers (projections, MLP, norms) see the stacked
+batch, where a row's arithmetic does not depend on the others (on the CPU bit for bit: tests check it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class Attends(Protocol):
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+        """q [R, H, N, d], k/v [R, kv, N, d] (after RoPE) -> attention output [R, N, H, d]."""
+        ...
+
+
+@dataclass(frozen=True)
+class FullAttention:
+    """Every position attends every other (a whole bidirectional canvas, no cache): one SDPA call, as transformers'
+    SDPA path makes it for an unmasked forward (grouped KV heads through `enable_gqa`)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+        gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+        out = F.scaled_dot_product_attention(q, k, v, scale=scaling, **gqa)
+        return out.transpose(1, 2).contiguous()
+
+
+@dataclass(frozen=True)
+class RaggedPass:
+    """parts: (first row, end row, length, that part's attention): rows [first, end) hold a sequence of `length`
+    positions, padded after it up to the forward's width."""
+
+    parts: list[tuple[int, int, int, Attends]]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+        B, H, N, d = q.shape
+        if len(self.parts) == 1 and self.parts[0][:3] == (0, B, N):
+            return self.parts[0][3].attend(layer, q, k, v, scaling)
+        out = q.new_zeros(B, N, H, d)
+        for a, b, n, inner in self.parts:
+            out[a:b, :n] = inner.attend(layer, q[a:b, :, :n], k[a:b, :, :n], v[a:b, :, :n], scaling)
+        return out
+
+
+def stack_rows(rows: list[torch.Tensor], fill: int) -> torch.Tensor:
+    """Host rows [r_i, n_i] -> [sum r_i, max n_i], each padded after its end with `fill`."""
+    width = max(r.shape[1] for r in rows)
+    return torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=fill) for r in rows])
