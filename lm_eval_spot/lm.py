@@ -21,7 +21,7 @@ from lm_eval_spot import __version__
 from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args, parse_args,
                                  shipped_drafter_path)
 from lm_eval_spot.batch_size import auto_batch_size
-from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
+from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
@@ -271,6 +271,8 @@ class SpotDLM(LM):
         served = [p[3] for p in parts]
         # The ranks decode side by side: the run took as long as its slowest rank.
         stats.add_call(max(p[0].call_wall_s for p in parts), max(p[0].decode_wall_s for p in parts))
+        for p in parts:
+            stats.add_steps(p[0].steps, p[0].forwards)
         likelihood, lik_samples = LikelihoodStats(), []
         adapt = [p[6] for p in parts if p[6] is not None]
         self._gathered_adapt = adapt_across_ranks(adapt)
@@ -342,7 +344,9 @@ class SpotDLM(LM):
         # One recorder per request feeds both (ids unique over the run: the buffer and the shards tell requests apart).
         source = self.recording if self.recording is not None else self.online
         recs = [source.recorder() for _ in chunk] if source is not None else None
-        out = self._decode_jobs(chunk, proposers, recs)
+        tally = StepTally()
+        out = self._decode_jobs(chunk, proposers, recs, tally)
+        self.stats.add_steps(tally.steps, tally.forwards)  # the method's own decoding only (not paired control's)
         if recs is not None:
             for rec, (_, res) in zip(recs, out, strict=True):
                 t1 = time.perf_counter()
@@ -425,9 +429,11 @@ class SpotDLM(LM):
         return self.text(ids)
 
     def _decode_jobs(
-        self, chunk: list[_Job], proposers: list[Proposer | None], observers: list[Any] | None = None
+        self, chunk: list[_Job], proposers: list[Proposer | None], observers: list[Any] | None = None,
+        tally: StepTally | None = None,
     ) -> list[tuple[str, DecodeResult]]:
-        """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`."""
+        """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`;
+        `tally` adds the steps and model forwards run."""
         jobs = [
             DecodeJob(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(self.decode_ids, job.until),
                       for_request(prop), observers[i] if observers else None,
@@ -435,7 +441,7 @@ class SpotDLM(LM):
             for i, (job, prop) in enumerate(zip(chunk, proposers, strict=True))
         ]
         try:
-            results = decode_many(self.adapter, jobs, batch_size=len(jobs))
+            results = decode_many(self.adapter, jobs, batch_size=len(jobs), tally=tally)
         except NonFiniteLogitsError as err:
             from lm_eval.utils import hash_string
 

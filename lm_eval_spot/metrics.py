@@ -54,6 +54,10 @@ class RunStats:
     # them (less when control=paired also decodes draft-free); summed over calls, the slowest rank's when merged.
     call_wall_s: float = 0.0
     decode_wall_s: float = 0.0
+    # Steps of the batched decode (every live request's round once) and the model forwards they ran, summed
+    # over ranks: forwards per step is 1 where the live requests share one forward (2 with cache=approx builds).
+    steps: int = 0
+    forwards: int = 0
 
     def add(self, s: SampleStats, temperature: float, top_k: int = 0, top_p: float = 1.0) -> None:
         self.samples.append(s)
@@ -65,6 +69,10 @@ class RunStats:
             self.temperature = temperature
         else:
             self.temperature = float("nan")
+
+    def add_steps(self, steps: int, forwards: int) -> None:
+        self.steps += steps
+        self.forwards += forwards
 
     def add_call(self, wall_s: float, decode_wall_s: float) -> None:
         """One generate call's wall time and the method's decoding time within it."""
@@ -112,6 +120,9 @@ class RunStats:
             "committed_tokens_total": com,
             "tokens_per_forward": com / nfe if nfe else 0.0,
             "rounds_total": rounds,
+            "steps_total": self.steps,
+            "forwards_total": self.forwards,
+            "forwards_per_step": self.forwards / self.steps if self.steps else 0.0,
             "mean_accepted_per_round": (
                 mean(s.accepted_per_round for s in self.samples) if n else 0.0
             ),
@@ -173,6 +184,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("accepted / round", f"{summary['mean_accepted_per_round']:.3f}"),
         ("generated tokens / s", f"{summary['gen_tokens_per_s']:.1f}"),
         ("batch size", summary.get("batch_size", 1)),
+        *([("target forwards / step (requests sharing them)", f"{summary['forwards_per_step']:.2f}")]
+          if summary.get("steps_total") else []),
         ("wall s (generate calls)", f"{summary['wall_s']:.1f}"),
         ("request latency s (median)", f"{summary.get('request_latency_s_median', 0.0):.2f}"),
         ("prefix cache", summary.get("prefix_cache", "exact")),

@@ -20,7 +20,7 @@ TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tes
          "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py",
          "tests/test_auto_budget.py", "tests/test_fused_attention.py", "tests/test_round_syncs.py",
          "tests/test_likelihood.py", "tests/test_batch.py", "tests/test_sampling.py",
-         "tests/test_online.py"]
+         "tests/test_online.py", "tests/test_batch_families.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -140,6 +140,16 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("top-p keeps the token that crosses the threshold out", "lm_eval_spot/decoding/sampling.py",
      "drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p",
      "drop = ordered.softmax(dim=-1).cumsum(dim=-1) < 1.0 - top_p + 1e-3"),
+    ("bidirectional batch: a request's rows verified against another request's logits", "lm_eval_spot/adapters/bidirectional.py",
+     "                out[i] = logits[a : a + r]\n", "                out[i] = logits.roll(r, 0)[a : a + r]\n"),
+    ("bidirectional batch (cache=approx): a request's cached rows read off another's", "lm_eval_spot/adapters/bidirectional.py",
+     "                rest_out.append(logits[a : a + len(rest[i])])",
+     "                rest_out.append(logits.roll(len(rest[i]), 0)[a : a + len(rest[i])])"),
+    ("ragged forward: a shorter canvas's attention sees its padding", "lm_eval_spot/adapters/ragged.py",
+     "out[a:b, :n] = inner.attend(layer, q[a:b, :, :n], k[a:b, :, :n], v[a:b, :, :n], scaling)",
+     "out[a:b] = inner.attend(layer, q[a:b], k[a:b], v[a:b], scaling)"),
+    ("remote batch: a request stores its batch-mate's pending keys", "lm_eval_spot/adapters/remote_block_causal.py",
+     "s._kv = cache_kv(cache, cached + P, row=a)", "s._kv = cache_kv(cache, cached + P, row=0)"),
 ]
 
 

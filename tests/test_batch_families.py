@@ -207,3 +207,24 @@ def test_padding_the_official_forwards_would_not_be_exact(loaded):
             got = ad.protocol.forward(ad.model, st, torch.arange(4, 8)[None], allowed, make_cache_rows([(pad, 1)]),
                                       store=False, keep=4).float()
         assert not torch.equal(got, want) and torch.allclose(got, want, atol=1e-4), fam
+
+
+def test_the_run_summary_reports_forwards_per_step(checkpoints):
+    """Through the lm-eval model class at batch size 4 on LLaDA native: four requests of different prompt lengths
+    share one forward per step, and the summary says so."""
+    from lm_eval.api.instance import Instance
+
+    from lm_eval_spot.lm import SpotDLM
+    from lm_eval_spot.metrics import format_summary
+
+    lm = SpotDLM(pretrained=str(checkpoints["llada"]), mode="control", device="cpu", batch_size="4", seed=1,
+                 block_len=4)
+    reqs = [Instance("generate_until", {}, ("ab" * k, {"until": ["\n\n"], "max_gen_toks": 4 + 2 * k}), 0)
+            for k in range(1, 5)]
+    lm.generate_until(reqs)
+    info = lm.get_model_info()["spot"]
+    assert info["steps_total"] > 0 and info["forwards_per_step"] == 1.0
+    assert info["forwards_total"] == info["steps_total"] < info["nfe_total"]
+    import re
+
+    assert re.search(r"\| target forwards / step \(requests sharing them\) +\| 1\.00 +\|", format_summary(info))

@@ -12,8 +12,9 @@ The continuations of one context (a question's choices) form a group. On block-c
 is prefilled ONCE: every choice's first block is scored in shared forwards on one session, which then forks per
 choice (the stored prefix shared, never copied) for the choices' later blocks. Each group is a generator that
 yields the forwards it needs and receives their logits, so a driver runs many groups' forwards together: block
-forwards through `block_logits_many` where the adapter shares forwards, whole sequences of one length stacked
-into one batch. A pair's rows and noise never depend on the other pairs.
+forwards through `block_logits_many` where the adapter shares forwards, whole sequences stacked
+into one batch (every length in one forward on the native classes, one per length through official code). A
+pair's rows and noise never depend on the other pairs.
 """
 
 from __future__ import annotations
@@ -91,9 +92,12 @@ Steps = Generator[list[Call], list[torch.Tensor], None]
 
 @runtime_checkable
 class ScoresSequences(Protocol):
-    """A fully bidirectional adapter's cache-free whole-sequence forward."""
+    """A fully bidirectional adapter's cache-free whole-sequence forwards (several sequences of any lengths in as
+    few forwards as its protocol allows: one when it takes ragged rows, else one per length)."""
 
     def sequence_logits(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor: ...
+
+    def sequence_logits_many(self, items: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]: ...
 
 
 def unit_generator(seed: int, unit: int) -> torch.Generator:
@@ -292,7 +296,7 @@ def _sequence_pair(adapter: TargetAdapter, pair: Pair, cfg: LikelihoodConfig, ta
 
 def sequence_group(adapter: TargetAdapter, pairs: Sequence[Pair], cfg: LikelihoodConfig) -> Request:
     """Fully bidirectional targets: each pair's bound over [context ; continuation] (one unit); the group's pairs
-    step together (the driver stacks sequences of one length into one forward)."""
+    step together (the driver stacks their sequences, with the other live groups', into shared forwards)."""
     tallies = [_Tally() for _ in pairs]
     yield from _lockstep([_sequence_pair(adapter, p, cfg, t) for p, t in zip(pairs, tallies, strict=True)])
     return [t.estimate() for t in tallies]
@@ -324,19 +328,13 @@ def _run_calls(adapter: TargetAdapter, calls: list[Call]) -> list[torch.Tensor]:
             c = calls[i]
             assert isinstance(c, BlockCall)
             out[i] = c.session.block_logits(c.states)
-    groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
-    for i, c in enumerate(calls):
-        if isinstance(c, SequenceCall):
-            groups.setdefault((c.ids.shape[1], c.keep), []).append(i)
-    for (_, keep), idx in groups.items():
+    seqs = [i for i, c in enumerate(calls) if isinstance(c, SequenceCall)]
+    if seqs:
         assert isinstance(adapter, ScoresSequences)
-        ids = torch.cat([calls[i].ids for i in idx])  # type: ignore[union-attr]
-        logits = adapter.sequence_logits(ids, torch.tensor(keep, dtype=torch.long))
-        a = 0
-        for i in idx:
-            r = calls[i].ids.shape[0]  # type: ignore[union-attr]
-            out[i] = logits[a : a + r]
-            a += r
+        got = adapter.sequence_logits_many([(calls[i].ids, torch.tensor(calls[i].keep, dtype=torch.long))  # type: ignore[union-attr]
+                                            for i in seqs])
+        for i, g in zip(seqs, got, strict=True):
+            out[i] = g
     return [o for o in out if o is not None]
 
 
