@@ -113,6 +113,40 @@ def test_spot_equals_control_on_the_bidirectional_target(bidirectional_target, T
         assert spot.nfe.total <= ctrl.nfe.total
 
 
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_batch_sizes_4_and_8_equal_one_at_a_time_on_the_bidirectional_target(bidirectional_target, T):
+    """The trained target through the llada family (native, exact): eight test prompts of different lengths,
+    control and SPOT, at batch size 4 and 8 give every request's ids and NFE of its decode alone, in one model
+    forward per step."""
+    from lm_eval_spot.arith import generator as gen
+    from lm_eval_spot.arith.tokenizer import build_tokenizer
+    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
+    from lm_eval_spot.decoding.loop import DecodeConfig, decode
+    from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
+    from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+    from lm_eval_spot.families import load_target
+
+    _, final = bidirectional_target
+    adapter = load_target(parse_args({"pretrained": str(final), "device": "cpu", "mode": "control"})).adapter
+    torch.manual_seed(1)
+    drafter = FactoredOrderModel(FactoredConfig(relative_slots=True, slot_embedding=False)).eval()
+    tok = build_tokenizer()
+    # The task's prompts have one length: some lose their first tokens, so canvases differ in prompt and length.
+    prompts = [tok.encode(gen.make_prompt(q["question"]), add_special_tokens=False)[i % 3:]
+               for i, q in enumerate(gen.make_split("test", 8))]
+    for prop in (None, SpotProposer(drafter, TreeConfig(budget=4))):
+        jobs = [DecodeJob(p, DecodeConfig(max_gen_toks=8 + 8 * (i % 3), temperature=T), seed=i, proposer=prop)
+                for i, p in enumerate(prompts)]
+        alone = [decode(adapter, j.prompt_ids, j.cfg, j.seed, proposer=prop) for j in jobs]
+        for bs in (4, 8):
+            tally = StepTally()
+            together = decode_many(adapter, jobs, batch_size=bs, tally=tally)
+            assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+            assert [r.nfe.total for r in together] == [r.nfe.total for r in alone]
+            assert tally.forwards == tally.steps < sum(r.nfe.total for r in alone)
+
+
 def test_full_mask_rows_mask_every_generated_position_with_one_ratio():
     g = torch.Generator().manual_seed(1)
     seqs = [(list(range(1, 6)) + list(range(10, 21)) + [EOS], 5), (list(range(1, 4)) + [30, 31, EOS], 3)]
