@@ -31,7 +31,7 @@ import torch
 
 from lm_eval_spot.adapters.base import ForwardTally, NFECounter, RowsCall, TargetInfo
 from lm_eval_spot.adapters.prefix_attention import KV, NAME, PrefixPass, use_prefix_attention
-from lm_eval_spot.adapters.ragged import Attends, FullAttention, RaggedPass, stack_rows
+from lm_eval_spot.adapters.ragged import Attends, FullAttention, RaggedPass, head_sees_only, stack_rows
 from lm_eval_spot.decoding.transfer import upload
 
 NO_MASK = {"full_attention": None, "sliding_attention": None}  # masking is the pass's job
@@ -308,8 +308,8 @@ class NativeCanvas:
         """Rows [B, N] at positions [B, N] with the pass's attention -> raw logits [B, K, V] at keep [B, K]."""
         if model.config._attn_implementation != NAME:
             raise RuntimeError("NativeCanvas needs the model's attention set to the project's (use_prefix_attention)")
-        with torch.no_grad():
-            hidden = model.model(input_ids=ids, position_ids=pos, attention_mask=NO_MASK, use_cache=False,
-                                 spot_prefix=pp).last_hidden_state
-            rows = torch.arange(ids.shape[0], device=ids.device)[:, None]
-            return model.lm_head(hidden[rows, keep])
+        # The model's own forward (hooks on it see the logits); its final norm hands on only each row's kept
+        # positions, so the head's one matmul covers every row's block wherever it sits.
+        with torch.no_grad(), head_sees_only(model.model.norm, keep):
+            return model(input_ids=ids, position_ids=pos, attention_mask=NO_MASK, use_cache=False, logits_to_keep=0,
+                         spot_prefix=pp).logits

@@ -10,8 +10,10 @@ batch, where a row's arithmetic does not depend on the others (on the CPU bit fo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -55,3 +57,21 @@ def stack_rows(rows: list[torch.Tensor], fill: int) -> torch.Tensor:
     """Host rows [r_i, n_i] -> [sum r_i, max n_i], each padded after its end with `fill`."""
     width = max(r.shape[1] for r in rows)
     return torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=fill) for r in rows])
+
+
+@contextmanager
+def head_sees_only(final_norm: torch.nn.Module, keep: torch.Tensor | slice) -> Iterator[None]:
+    """While open, `final_norm` (the last module before an official forward's LM head, run once per forward) hands
+    on only the positions `keep` (dim 1), so the head computes [B, len(keep), V] logits, not the whole canvas's:
+    for official forwards that take no index of positions to keep. The norm is per position, so nothing else
+    changes. keep: positions [K] for every row (or a slice), or [B, K] per row."""
+    def pick(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        if isinstance(keep, torch.Tensor) and keep.dim() == 2:
+            return out[torch.arange(out.shape[0], device=out.device)[:, None], keep]
+        return out[:, keep]
+
+    handle = final_norm.register_forward_hook(pick)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ from typing import Any
 import torch
 
 from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.adapters.ragged import head_sees_only  # noqa: F401  (the families' official forwards use it)
 from lm_eval_spot.config import SpotArgError, SpotArgs
 
 log = logging.getLogger("lm_eval.spot")
@@ -313,19 +312,3 @@ def load_native_weights(cls: Any, args: SpotArgs, config: Any, family: str,
     return model
 
 
-@contextmanager
-def head_sees_only(final_norm: torch.nn.Module, keep: torch.Tensor | slice) -> Iterator[None]:
-    """While open, `final_norm` (the last module before an official forward's LM head, run once per forward) hands
-    on only the positions `keep` (dim 1), so the head computes [B, len(keep), V] logits, not the whole canvas's:
-    for official forwards that take no index of positions to keep. The norm is per position, so nothing else
-    changes. keep: positions [K] for every row (or a slice), or [B, K] per row."""
-    def pick(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
-        if isinstance(keep, torch.Tensor) and keep.dim() == 2:
-            return out[torch.arange(out.shape[0], device=out.device)[:, None], keep]
-        return out[:, keep]
-
-    handle = final_norm.register_forward_hook(pick)
-    try:
-        yield
-    finally:
-        handle.remove()
