@@ -131,11 +131,17 @@ class BidirectionalAdapter:
             raise ValueError("a bidirectional target lays out its whole canvas: open() needs gen_length")
         return BidirectionalSession(self, prompt_ids, gen_length), []
 
-    def _whole(self, rows: int) -> Attends:
+    def _whole(self, rows: int, n: int) -> Attends:
         """The attention of a whole canvas (no cache): exact mode's stock SDPA, approx mode's own kernels."""
         if self.cache == "none":
             return FullAttention()
-        return PrefixPass([(0, rows, None)], torch.zeros(0, 0), kernel=self.kernel, dense=True)
+        return self._dense(rows, n, None)
+
+    def _dense(self, rows: int, n: int, kv: KV | None, record: int = 0) -> PrefixPass:
+        """Rows of n new positions that all see each other (and `kv`); the fused kernels skip the mask, the
+        reference path adds it."""
+        mask = torch.zeros(0, 0) if self.kernel is not None else torch.zeros(n, n, dtype=self.dtype, device=self.device)
+        return PrefixPass([(0, rows, kv)], mask, record=record, kernel=self.kernel, dense=True)
 
     # ---- forwards shared by several requests -------------------------------------------------------------------
     def block_logits_many(self, items: Sequence[tuple[BidirectionalSession, torch.Tensor]]) -> list[torch.Tensor]:
@@ -157,7 +163,7 @@ class BidirectionalAdapter:
             parts, a = [], 0
             for i in idx:
                 r = canvases[i].shape[0]
-                parts.append((a, a + r, canvases[i].shape[1], self._whole(r)))
+                parts.append((a, a + r, canvases[i].shape[1], self._whole(r, canvases[i].shape[1])))
                 a += r
             pos = stack_rows([torch.arange(canvases[i].shape[1]).expand(canvases[i].shape[0], -1) for i in idx], 0)
             ids_dev, pos_dev, keep_dev = upload(ids, pos, keep, device=self.device)
@@ -214,8 +220,7 @@ class BidirectionalAdapter:
         if full:
             ids, pos, keep = dev[:3]
             dev = dev[3:]
-            passes = [PrefixPass([(0, 1, None)], torch.zeros(0, 0), record=starts[i], kernel=self.kernel, dense=True)
-                      for i in build]
+            passes = [self._dense(1, f.shape[1], None, record=starts[i]) for i, f in zip(build, full, strict=True)]
             logits = self._forward(ids, pos, [(j, j + 1, f.shape[1], p) for j, (f, p) in enumerate(zip(full, passes))],
                                    keep)
             for j, (i, pp) in enumerate(zip(build, passes, strict=True)):
@@ -227,9 +232,8 @@ class BidirectionalAdapter:
             parts, a = [], 0
             for i in with_rest:
                 r = len(rest[i])
-                parts.append((a, a + r, sessions[i].canvas_len - starts[i],
-                              PrefixPass([(0, r, sessions[i].kv or None)], torch.zeros(0, 0), kernel=self.kernel,
-                                         dense=True)))
+                n = sessions[i].canvas_len - starts[i]
+                parts.append((a, a + r, n, self._dense(r, n, sessions[i].kv or None)))
                 a += r
             logits = self._forward(ids, pos, parts, keep)
             a = 0
@@ -274,7 +278,7 @@ class BidirectionalAdapter:
             parts, a = [], 0
             for i in idx:
                 r, n = items[i][0].shape
-                parts.append((a, a + r, n, self._whole(r)))
+                parts.append((a, a + r, n, self._whole(r, n)))
                 a += r
             ids_dev, pos_dev, keep_dev = upload(ids, pos, keep, device=self.device)
             logits = self._forward(ids_dev, pos_dev, parts, keep_dev)
