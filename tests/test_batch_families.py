@@ -21,6 +21,7 @@ from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
 from lm_eval_spot.families import load_target
 
 from remote_fixtures import build_remote, needs_remote, save_checkpoint, tokenizer_mask_id
+from test_bidirectional import build as build_bidirectional
 
 pytestmark = needs_remote
 
@@ -30,13 +31,10 @@ CONFIGS = [("llada", "native", "none"), ("llada", "native", "approx"), ("llada",
 
 
 def build(fam: str, mask: int):
-    if fam == "llada2_moe":
-        return build_remote(fam, seed=1)
-    model = build_remote(fam, seed=0, scale=4.0, mask_token_id=mask)
-    if fam == "llada":
-        with torch.no_grad():
-            model.model.transformer.wte.weight[mask] = 0.0
-    return model
+    """test_bidirectional's fixtures for LLaDA and Dream; plain random models for the block-causal families."""
+    if fam in ("llada", "dream"):
+        return build_bidirectional(fam, mask)
+    return build_remote(fam, seed=1) if fam == "llada2_moe" else build_remote(fam, seed=0, scale=4.0, mask_token_id=mask)
 
 
 @pytest.fixture(scope="module")
