@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lm_eval_spot.config import DTYPES, IMPLS, SpotArgError
+from lm_eval_spot import families
+from lm_eval_spot.config import DTYPES, IMPLS, SpotArgError, SpotArgs, parse_args
 
 REQUIRED = ("family", "hub_id", "mask_id", "eos_id", "stop_ids", "block_len", "grid_origin", "chat_template",
             "dtype", "transformers", "prefix_cache", "budget", "gamma", "drafter")
@@ -81,8 +82,6 @@ def load_card(name: str) -> Card:
 
 def validate(card: Card) -> Card:
     """Every field present and well-typed; the family and impl exist. Raises SpotArgError naming the field."""
-    from lm_eval_spot import families
-
     f = card.fields
 
     def bad(key: str, why: str) -> SpotArgError:
@@ -136,3 +135,10 @@ def card_defaults(name: str) -> dict[str, Any]:
         out["drafter"] = card.fields["drafter"]
     out["card"] = name
     return out
+
+
+def parse_model_args(raw: dict[str, Any]) -> SpotArgs:
+    """The user's model args validated, with `card=NAME`'s defaults filled in where the user left them unset."""
+    if raw.get("card") is not None:
+        raw = {**card_defaults(str(raw["card"])), **{k: v for k, v in raw.items() if v is not None}}
+    return parse_args(raw)

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from lm_eval_spot.adapters.bidirectional import raw_positions
-from lm_eval_spot.config import SpotArgError, SpotArgs, SpotUserError, parse_args
+from lm_eval_spot.config import SpotArgError, SpotArgs, SpotUserError
+from lm_eval_spot.cards import parse_model_args
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.families import load_target
 from lm_eval_spot.families.common import LoadedTarget
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device:
         raw["device"] = a.device
     try:
-        args = parse_args(raw)
+        args = parse_model_args(raw)
         target, rows = run_checks(args, a.prompt or list(DEFAULT_PROMPTS), a.max_gen_toks)
     except SpotUserError as err:
         print(str(err), file=sys.stderr)

@@ -7,7 +7,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from lm_eval_spot.errors import SpotArgError, SpotUserError
 from lm_eval_spot.modes import CHAIN_MODES, LEARNED_MODES, MODE_NAMES
+
+__all__ = ["SpotArgError", "SpotArgs", "SpotUserError", "parse_args"]  # the errors live in errors.py
 
 VERIFIERS = ("coupled", "rejection")
 CONTROL_OPTIONS = ("none", "paired")
@@ -17,14 +20,6 @@ CACHES = ("none", "approx")
 MASK_SHARING = ("common", "independent")
 GREEDY_OPTIONS = ("auto", "always", "never")
 ADAPT_OPTIONS = ("auto", "online", "off")
-
-
-class SpotUserError(ValueError):
-    """Bad input from the user (an argument, a request): the CLI prints the message as one line and exits 2."""
-
-
-class SpotArgError(SpotUserError):
-    """A bad model argument: the message names the argument and the accepted values."""
 
 
 # Arguments lm-eval passes on its own (from --device, --batch_size, --max_batch_size) next to --model_args.
@@ -191,10 +186,10 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         raise SpotArgError(
             f"spot-dlm: unknown model argument(s) {', '.join(unknown)}; accepted: {', '.join(accepted_args())}"
         )
-    if raw.get("card") is not None:
-        from lm_eval_spot.cards import card_defaults
-
-        raw = {**card_defaults(str(raw["card"])), **{k: v for k, v in raw.items() if v is not None}}
+    if raw.get("card") is not None and raw.get("family") is None:
+        # A card's defaults are merged by `cards.parse_model_args` (config knows nothing of cards): every card
+        # names its family, so a card without one here was never merged.
+        raise ValueError("card= is read by lm_eval_spot.cards.parse_model_args, not config.parse_args")
     args: dict[str, Any] = {}
     for name in ("family", "card", "attn_implementation"):
         if raw.get(name) is not None:

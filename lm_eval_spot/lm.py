@@ -18,9 +18,10 @@ from lm_eval_spot.adapters.base import positions_needed
 from lm_eval_spot.auto_budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
-from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args, parse_args,
+from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args,
                                  shipped_drafter_path)
 from lm_eval_spot.batch_size import auto_batch_size
+from lm_eval_spot.cards import parse_model_args
 from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.noise import mix_seed
@@ -86,7 +87,7 @@ class SpotDLM(LM):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
-        self.args: SpotArgs = parse_args(kwargs)  # raises before anything is loaded
+        self.args: SpotArgs = parse_model_args(kwargs)  # raises before anything is loaded
         self.ranks: Ranks = detect_ranks(self.args.device)
         self._rank, self._world_size = self.ranks.rank, self.ranks.world_size
         if rank_device(self.args.device, self.ranks) != self.args.device:

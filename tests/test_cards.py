@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lm_eval_spot.cards import card_names, cards_dir, load_card, validate
-from lm_eval_spot.config import SpotArgError, parse_args
+from lm_eval_spot.cards import parse_model_args
+from lm_eval_spot.config import SpotArgError
 
 
 def test_every_card_loads_and_validates():
@@ -29,20 +30,20 @@ def test_block_variants_override_hub_id_and_block_length():
 
 
 def test_card_fills_defaults_and_explicit_args_win():
-    a = parse_args({"card": "sdar-1.7b-chat"})
+    a = parse_model_args({"card": "sdar-1.7b-chat"})
     assert (a.pretrained, a.family, a.impl, a.block_len, a.mask_id, a.stop_ids, a.dtype) == (
         "JetLM/SDAR-1.7B-Chat", "sdar", "native", 4, 151669, (151645, 151643), "bfloat16")
-    b = parse_args({"card": "sdar-1.7b-chat", "pretrained": "someone/SDAR-fork", "block_len": 8,
+    b = parse_model_args({"card": "sdar-1.7b-chat", "pretrained": "someone/SDAR-fork", "block_len": 8,
                     "dtype": "float32", "impl": "remote"})
     assert (b.pretrained, b.block_len, b.dtype, b.impl) == ("someone/SDAR-fork", 8, "float32", "remote")
-    c = parse_args({"card": "llada2.0-mini"})
+    c = parse_model_args({"card": "llada2.0-mini"})
     assert c.trust_remote_code is False  # a card never runs a checkpoint's code on the user's behalf
 
 
 def test_unknown_card_lists_the_known_ones():
     with pytest.raises(SpotArgError, match="card='sdar-99b' is not known; accepted: dream-v0-instruct-7b, "
                                            "llada-8b-instruct, llada2.0-mini, sdar-1.7b-chat"):
-        parse_args({"card": "sdar-99b"})
+        parse_model_args({"card": "sdar-99b"})
 
 
 def test_a_card_with_a_bad_field_is_refused():

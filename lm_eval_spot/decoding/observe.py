@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from lm_eval_spot.decoding.stale import Stale, summarize
 from lm_eval_spot.decoding.transfer import HostLink
-
-if TYPE_CHECKING:
-    from lm_eval_spot.decoding.loop import RoundObserver
+from lm_eval_spot.decoding.types import RoundObserver
 
 # Rows held before a summary: about 28 commits at L = 32, V = 293. Fewer rows pay the per-call overhead again; a
 # whole request's rows at once (3 MB here) come from fresh pages every request, and their page faults made the

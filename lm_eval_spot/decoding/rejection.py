@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.transfer import HostLink, upload
 from lm_eval_spot.decoding.transition import select_positions
 from lm_eval_spot.decoding.tree import DraftTree
+from lm_eval_spot.decoding.types import NonFiniteLogitsError
+from lm_eval_spot.decoding.verifier import RoundAt, Verdict
 
 
 def is_chain(tree: DraftTree) -> bool:
@@ -116,3 +119,35 @@ def rejection_verify(
     if not bool(has_h[node]):
         return path, -1, -1, False
     return path, int(pos_h[node]), int(fp[node]), False
+
+
+class RejectionVerifier:
+    """`rejection_verify` as a round's verifier: the chain's tokens drawn from q (the stale rows at the drafted
+    positions) before the forward, accepted or resampled after it. Randomness: one generator per round for
+    drafting and one for verifying, seeded from (request seed, block, round)."""
+
+    def __init__(self, seed: int, temperature: float, truncation: Truncation | None, link: HostLink) -> None:
+        self.seed, self.temperature, self.truncation, self.link = seed, temperature, truncation, link
+        self._q: torch.Tensor | None = None  # the drafted round's proposal rows, read by its verify
+
+    def draft(self, tree: DraftTree, stale_src: torch.Tensor | None, at: RoundAt) -> DraftTree:
+        assert stale_src is not None  # the loop drafts nothing under rejection without stale conditionals
+        self._q = proposal_probs(stale_src, list(tree.pos), self.temperature, self.truncation)
+        rng = torch.Generator().manual_seed(mix_seed("draft", self.seed, at.block, at.round))
+        return sample_chain_tokens(tree, self._q, rng)
+
+    def verify(self, tree: DraftTree, logits: torch.Tensor, eligible: torch.Tensor, bad_rows: torch.Tensor,
+               at: RoundAt) -> Verdict:
+        rng = torch.Generator().manual_seed(mix_seed("verify", self.seed, at.block, at.round))
+        q_rows, self._q = (self._q if self._q is not None else logits.new_zeros(0, logits.shape[-1])), None
+        path, fpos, ftok, bad = rejection_verify(tree, q_rows, logits, eligible, self.temperature, rng, self.link,
+                                                 bad_rows, self.truncation)
+        if bad:  # read in the verifier's one copy
+            raise NonFiniteLogitsError(at.block, at.round)
+        # The target's transition at each accepted node is the next drafted edge; at the last, the final commit.
+        tpos = torch.full((1 + tree.size,), -1, dtype=torch.long)
+        ttok = tpos.clone()
+        for a, b in zip([0, *path], path, strict=False):
+            tpos[a], ttok[a] = tree.pos[b - 1], tree.tok[b - 1]
+        tpos[([0, *path])[-1]], ttok[([0, *path])[-1]] = fpos, ftok
+        return Verdict(path, tpos, ttok)

@@ -76,13 +76,13 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
     """Control decoding at T=0 over the prompts; one trajectory shard per SHARD prompts (skipped if present).
     model_args: spot-dlm model args for the target (card=, trust_remote_code=, device=, dtype=, ...); chat: wrap
     each prompt in the tokenizer's chat template as a user turn (as `lm_eval --apply_chat_template` does)."""
-    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.cards import parse_model_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.families import load_target
 
     raw = {**(model_args or {}), "mode": "control", **({"pretrained": target} if target else {}),
            **({"block_len": block_len} if block_len else {})}
-    loaded = load_target(parse_args(raw))
+    loaded = load_target(parse_model_args(raw))
     target = target or (model_args or {}).get("pretrained") or (model_args or {}).get("card")
     adapter, tok = loaded.adapter, loaded.tokenizer
     shard_dir = out / "trajectories"

@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from lm_eval_spot.config import drafter_for, parse_args
+    from lm_eval_spot.cards import parse_model_args
+    from lm_eval_spot.config import drafter_for
     from lm_eval_spot.families import load_target
 
     if args.prompts_file:
@@ -201,9 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     prompts = prompts[: args.n]
     raw = {"mode": "control", **({"pretrained": args.target} if args.target else {}),
            **({"block_len": args.block_len} if args.block_len else {})}
-    loaded = load_target(parse_args(raw))
+    loaded = load_target(parse_model_args(raw))
     report = {"target": args.target or "embedded",
-              **analyse(loaded, prompts, drafter_for(parse_args({**raw, "drafter": args.drafter})), args.budget,
+              **analyse(loaded, prompts, drafter_for(parse_model_args({**raw, "drafter": args.drafter})), args.budget,
                         tuple(int(b) for b in args.oracle_budgets.split(",")), args.max_gen_toks, args.lookahead)}
     text = json.dumps(report, indent=2)
     if args.out:

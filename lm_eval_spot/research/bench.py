@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
-    from lm_eval_spot.config import drafter_for, default_graph_path, parse_args
+    from lm_eval_spot.cards import parse_model_args
+    from lm_eval_spot.config import drafter_for, default_graph_path
     from lm_eval_spot.decoding.batch import for_request
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.model import load_drafter
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_args = dict(kv.split("=", 1) for kv in args.model_args.split(",") if kv) if args.model_args else {}
     model_args.setdefault("pretrained", args.target)
     model_args.setdefault("device", args.device)
-    loaded = load_target(parse_args({**model_args, "mode": "control"}))
+    loaded = load_target(parse_model_args({**model_args, "mode": "control"}))
     adapter, tok = loaded.adapter, loaded.tokenizer
     chat = None
     if args.apply_chat_template:
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return tok.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt)
     source = TaskSource(args.tasks, args.n, chat, eos=tok.eos_token, include_path=args.include_path)
     L = adapter.info.block_len
-    drafter_path = drafter_for(parse_args({**model_args, "mode": "control", "drafter": args.drafter}))
+    drafter_path = drafter_for(parse_model_args({**model_args, "mode": "control", "drafter": args.drafter}))
     drafter = load_drafter(drafter_path, L)[0]  # on the host, as in a run (drafter_device=cpu)
     graph = RankGraph.load(Path(args.graph or default_graph_path()))
     proposers: dict[tuple[str, int | str], Any] = {}

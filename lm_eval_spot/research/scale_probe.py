@@ -277,7 +277,8 @@ def embedded_bench(device: str, n: int, temps: list[float], max_gen_toks: int, d
     from lm_eval_spot.arith.generator import final_from_answer, make_prompt, make_split
     from lm_eval_spot.baselines.graph import RankGraph
     from lm_eval_spot.research.bench import Row, _timed
-    from lm_eval_spot.config import default_graph_path, default_target_path, drafter_for, parse_args
+    from lm_eval_spot.config import default_graph_path, default_target_path, drafter_for
+    from lm_eval_spot.cards import parse_model_args
     from lm_eval_spot.decoding.batch import for_request
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.families import load_target
@@ -285,9 +286,9 @@ def embedded_bench(device: str, n: int, temps: list[float], max_gen_toks: int, d
     from lm_eval_spot.stopping import cut_text, make_stop_check
 
     raw = {"pretrained": str(default_target_path()), "device": device}
-    loaded = load_target(parse_args({**raw, "mode": "control"}))
+    loaded = load_target(parse_model_args({**raw, "mode": "control"}))
     adapter, tok = loaded.adapter, loaded.tokenizer
-    drafter_path = drafter_for(parse_args({**raw, "mode": "spot"}))
+    drafter_path = drafter_for(parse_model_args({**raw, "mode": "spot"}))
     drafter = load_drafter(drafter_path, adapter.info.block_len)[0].to(drafter_device)
     graph = RankGraph.load(Path(default_graph_path()))
     proposers = {(m, D): make_proposer(MethodSpec(m, D), drafter, graph) for m, D in BENCH_CONFIGS}
