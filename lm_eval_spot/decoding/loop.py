@@ -16,6 +16,7 @@ proposer this is exactly the draft-free decoder: one commit per forward. A round
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -62,6 +63,12 @@ def decode(
     return req.result
 
 
+def make_verifier(rejection: bool, seed: int, cfg: DecodeConfig, link: HostLink) -> Verifier:
+    if rejection:
+        return RejectionVerifier(seed, cfg.temperature, cfg.truncation, link)
+    return CoupledVerifier(cfg.temperature, cfg.truncation, link)
+
+
 def run_round(req: RequestDecode, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The target forward of one request's round: logits of `states`, and the lookahead logits when it asked."""
     if req.ahead_row is None:
@@ -94,8 +101,7 @@ class RequestDecode:
                                   cfg.temperature, adapter.device)
         self.stops = StopWatch(self.info.stop_ids, stop_check, cfg.max_gen_toks)
         rejection = verify == "rejection" and cfg.temperature > 0  # at T=0 both are the same greedy check
-        self.verifier: Verifier = (RejectionVerifier(seed, cfg.temperature, cfg.truncation, self.link) if rejection
-                                   else CoupledVerifier(cfg.temperature, cfg.truncation, self.link))
+        self.verifier = make_verifier(rejection, seed, cfg, self.link)
         self.drafting = DraftingPhase(proposer, cfg.temperature, cfg.truncation, rejection, self.link)
         self.look = Lookahead(proposer is not None and cfg.lookahead and not cfg.pad_rows
                               and isinstance(self.session, LooksAhead))
@@ -117,18 +123,15 @@ class RequestDecode:
         self._fresh = self.stale_src is not None
 
     @property
-    def draft_ctx(self) -> RoundContext | None:
-        """What the proposer reads this round, between `start_round` and `plan_round` (None: no draft)."""
+    def draft_ctx(self) -> RoundContext | None:  # what the proposer reads, from start_round to plan_round
         return self.drafting.ctx
 
     @property
-    def ahead_row(self) -> int | None:
-        """The forward row holding this round's lookahead completion (None: no lookahead row)."""
+    def ahead_row(self) -> int | None:  # the forward row holding this round's lookahead completion
         return self.look.row
 
     @property
-    def rows(self) -> int:
-        """Rows of the round in flight's forward (padding included)."""
+    def rows(self) -> int:  # rows of the round in flight's forward (padding included)
         return self._rows
 
     def next_states(self) -> torch.Tensor | None:
@@ -190,10 +193,9 @@ class RequestDecode:
         self._states = None
         ahead_row = self.look.row is not None
         self.look.settle(self.blocks, ahead)
-        ms = self.clock.end(fwd_end)
-        self._round_ahead = ahead_row
+        self._ran = RoundRun(self._rows, self.clock.end(fwd_end), ahead_row, self._pending)
         if self.timed:
-            self.drafting.prev_round = RoundRun(self._rows, ms, ahead_row, self._pending)
+            self.drafting.prev_round = self._ran
         if (stop := self.stops.check(self.blocks.prefix())) is not None:
             self._finish(*stop)
 
@@ -206,16 +208,14 @@ class RequestDecode:
         if self.on_verify is not None:
             self.on_verify(self.blocks.block, self._tree, verdict.path, verdict.pos, verdict.tok)
         if self.observed is not None:
-            for n in [0, *verdict.path]:
-                if int(verdict.pos[n]) >= 0:
-                    self.observed.add(self.blocks.block, states[n], node_open[n], logits[n], int(verdict.pos[n]),
-                                      int(verdict.tok[n]))
+            self.observed.add_round(self.blocks.block, [0, *verdict.path], verdict.pos, verdict.tok, states,
+                                    node_open, logits)
 
     def shared_round_ran(self, ms: float) -> None:
         """The round just applied ran in a forward shared with other requests: report it to the proposer as
         costing `ms` (the caller's measure: this request's own host work plus its rows' share of the forward),
         so a proposer that prices rows learns what a row costs in the batch's forward, not alone."""
-        self.drafting.prev_round = RoundRun(self._rows, ms, self._round_ahead, self._pending)
+        self.drafting.prev_round = replace(self._ran, ms=ms)
 
     def _finish(self, ids: list[int], reason: str) -> None:
         if self.observed is not None:

@@ -74,6 +74,13 @@ class PendingCommits:
         if len(self.meta) == self.logits.shape[0]:
             self.flush()
 
+    def add_round(self, block: int, nodes: list[int], pos: torch.Tensor, tok: torch.Tensor, states: torch.Tensor,
+                  eligible: torch.Tensor, logits: torch.Tensor) -> None:
+        """A round's commits: at each of `nodes` (root, then the accepted path) the target's transition, if any."""
+        for n in nodes:
+            if int(pos[n]) >= 0:
+                self.add(block, states[n], eligible[n], logits[n], int(pos[n]), int(tok[n]))
+
     def flush(self) -> None:
         if not self.meta:
             return
