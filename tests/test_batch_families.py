@@ -173,21 +173,23 @@ def test_padding_the_official_forwards_would_not_be_exact(loaded):
     """Why the remote paths only group forwards of one shape: run a shorter request padded to a longer one's
     length, with every means its official forward has to hide the padding, and its logits move.
     LLaDA: it ignores masks (the padded row sees its pads). Dream: a 4D bool mask hiding the pads and explicit
-    positions (its own left-padding protocol) changes the last bits. SDAR: a cache row padded with masked-out
+    positions (its own left-padding protocol) changes the last bits once the padded length crosses the attention
+    kernel's key tiling (on an AVX-512 CPU, 9 tokens padded by 3 or 7 came out equal, by 16 differed: padding is
+    exact only by accident of shape). SDAR: a cache row padded with masked-out
     keys leaves the all-True flash path for masked SDPA. LLaDA2.0-mini: the same padded cache row under its
     masked SDPA (a longer reduction)."""
     gen = torch.Generator().manual_seed(3)
     llada = loaded("llada", "remote", "none").model
     short = torch.randint(5, 290, (1, 9), generator=gen)
-    padded = torch.cat([short, torch.full((1, 3), 7)], 1)
+    padded = torch.cat([short, torch.full((1, 16), 7)], 1)
     with torch.no_grad():
         assert not torch.equal(llada(short).logits[:, :9], llada(padded).logits[:, :9])
     dream = loaded("dream", "remote", "none").model
-    keys = torch.tensor([[True] * 9 + [False] * 3])
+    keys = torch.tensor([[True] * 9 + [False] * 16])
     am = (keys[:, None, None, :] & keys[:, None, :, None])
     with torch.no_grad():
         alone = dream(short, "full").logits
-        hid = dream(padded, am, torch.arange(12)[None]).logits[:, :9]
+        hid = dream(padded, am, torch.arange(25)[None]).logits[:, :9]
     assert not torch.equal(alone, hid) and torch.allclose(alone, hid, atol=1e-4)
     from lm_eval_spot.adapters.remote_block_causal import make_cache_rows
 
@@ -198,9 +200,11 @@ def test_padding_the_official_forwards_would_not_be_exact(loaded):
         st = torch.full((1, 4), ad.info.mask_id)
         sa.block_logits(st)
         want = sb.block_logits(st)  # one cached block (SDAR: the flash path, its mask all True)
-        pad = [(torch.cat([torch.zeros_like(k), k], -2), torch.cat([torch.zeros_like(v), v], -2)) for k, v in sb._kv]
-        allowed = torch.ones(1, 4, 12, dtype=torch.bool)
-        allowed[..., :4] = False  # the padding's keys hidden
+        P = 60  # the padding's length, past the attention kernel's key tiling (up to 16 came out equal on a CPU)
+        pad = [(torch.cat([k.new_zeros(*k.shape[:-2], P, k.shape[-1]), k], -2),
+                torch.cat([v.new_zeros(*v.shape[:-2], P, v.shape[-1]), v], -2)) for k, v in sb._kv]
+        allowed = torch.ones(1, 4, P + 8, dtype=torch.bool)
+        allowed[..., :P] = False  # the padding's keys hidden
         with torch.no_grad():
             got = ad.protocol.forward(ad.model, st, torch.arange(4, 8)[None], allowed, make_cache_rows([(pad, 1)]),
                                       store=False, keep=4).float()

@@ -149,6 +149,7 @@ def test_batch_invariant_and_batched_spot_stay_exact(tiny_target_dir, T):
 
 def test_a_round_that_commits_nothing_raises(monkeypatch):
     """The loop's progress guard: a transition that only rewrites an already committed slot stops the decode."""
+    import lm_eval_spot.decoding.coupled as coupled
     import lm_eval_spot.decoding.loop as loop
     from fakes import ScriptedAdapter
 
@@ -156,6 +157,6 @@ def test_a_round_that_commits_nothing_raises(monkeypatch):
         R = logits.shape[0]
         return torch.zeros(R, dtype=torch.long), torch.full((R,), 9, dtype=torch.long)  # slot 0: the prompt's
 
-    monkeypatch.setattr(loop, "transition", stuck)
+    monkeypatch.setattr(coupled, "transition", stuck)  # the verifier's (draft-free: the only one)
     with pytest.raises(RuntimeError, match="no progress"):
         loop.decode(ScriptedAdapter(None, vocab=12, block_len=4), [5], loop.DecodeConfig(max_gen_toks=3), seed=0)

@@ -200,8 +200,8 @@ class BlockCausalAdapter:
     def forward_many(self, calls: Sequence[RowsCall]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Several requests' rounds in ONE forward per row width: each request's rows (its pending block, states
         and lookahead row; its own prefix) are stacked with the others' and attend only their own keys
-        (`StackedPass`), so every request's logits equal its own forward's (on the CPU bit for bit; tests check
-        it) and each is charged one NFE. Rows of width L (every round but a request's first, whose prompt blocks
+        (`StackedPass`), so every request's logits equal its own forward's (bit for bit where the matmul is
+        row-count invariant: docs/families.md) and each is charged one NFE. Rows of width L (every round but a request's first, whose prompt blocks
         ride along) share one forward; a first round with several prompt blocks runs with those of its width."""
         plans = [c.session.plan(c.states, c.ahead) for c in calls]
         out: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [None] * len(calls)

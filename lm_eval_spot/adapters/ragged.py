@@ -5,7 +5,8 @@ pads every row to the longest. Padding with a key mask would still change a row'
 reduction, other kernel tiles: not bit for bit), so the padding never reaches attention at all: each layer runs
 each request's part on its own unpadded slice [rows, :length], exactly the call that request's forward alone makes,
 and writes zeros at the padded positions. Only the position-wise layers (projections, MLP, norms) see the stacked
-batch, where a row's arithmetic does not depend on the others (on the CPU bit for bit: tests check it).
+batch, where a row's arithmetic does not depend on the others (bit for bit on a CPU whose matmul is row-count
+invariant, e.g. MKL under MKL_CBWR=AVX2,STRICT, as the tests run: docs/families.md).
 """
 
 from __future__ import annotations
