@@ -15,7 +15,7 @@ from lm_eval.api.model import LM
 from tqdm import tqdm
 
 from lm_eval_spot.adapters.base import positions_needed
-from lm_eval_spot.auto_budget import MAX_BUDGET
+from lm_eval_spot.budget import MAX_BUDGET
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
 from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lm_eval_spot.adapters.base import TargetAdapter
-from lm_eval_spot.baselines.graph import GraphProposer, RankGraph
+from lm_eval_spot.baselines.rank_graph import GraphProposer, RankGraph
 from lm_eval_spot.config import SpotArgs, default_graph_path, drafter_for
 from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.drafter.model import DrafterMismatchError, DrafterModel, load_drafter
@@ -89,7 +89,7 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> ProposerChoice:
         # brought there: no transfer, no device call per tree level.
         drafter = drafter.to(args.drafter_device)
     if args.budget == "auto":
-        from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
+        from lm_eval_spot.budget import AutoBudgetProposer, measure_costs
 
         assert drafter is not None
         costs = measure_costs(adapter, drafter, gen_length=args.gen_length or 256)  # lm-eval's usual max_gen_toks

@@ -9,7 +9,7 @@ import torch
 
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
-from lm_eval_spot.auto_budget import PRIOR_MASS, AutoBudgetProposer, CostModel, best_cut, measure_costs
+from lm_eval_spot.budget import PRIOR_MASS, AutoBudgetProposer, CostModel, best_cut, measure_costs
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import DrafterModel, OrderModel, OrderModelConfig
@@ -97,7 +97,7 @@ def test_one_stalled_level_does_not_stop_drafting():
 
 
 def test_convex_fit_removes_noise_kinks_and_keeps_a_knee():
-    from lm_eval_spot.auto_budget import convex_fit
+    from lm_eval_spot.budget import convex_fit
 
     line = [2.0 + 0.5 * r for r in range(10)]
     assert all(abs(a - b) < 1e-9 for a, b in zip(convex_fit(line), line, strict=True))
@@ -112,7 +112,7 @@ def test_convex_fit_removes_noise_kinks_and_keeps_a_knee():
 
 
 def test_least_marginal_is_the_cheapest_later_replica():
-    from lm_eval_spot.auto_budget import least_marginal
+    from lm_eval_spot.budget import least_marginal
 
     c = CostModel((1, 3, 5), (2.0, 2.2, 4.2), (1,), (0.0,), max_budget=4)
     # target(1..5) = 2.0, 2.1, 2.2, 3.2, 4.2: steps from d drafted states on are 0.1, 0.1, 1.0, 1.0
@@ -200,7 +200,7 @@ def test_round_costs_learn_the_rounds_true_curve_and_shrug_off_a_stall():
     that within a few dozen rounds; one round stalled by another process moves it by little."""
     import random
 
-    from lm_eval_spot.auto_budget import RoundCosts
+    from lm_eval_spot.budget import RoundCosts
 
     startup = linear_costs(5.0, 0.7, 0.1)
     rc = RoundCosts(startup, 23)
@@ -279,7 +279,7 @@ def test_round_costs_take_a_row_counts_own_median_and_forget_it_when_unseen():
     """Where the forward's cost jumps at a batch shape (no curve through the start-up points has the jump), a row
     count seen 3+ times costs its recent median; one not seen for EXPIRE rounds falls back to the estimate from
     its seen neighbours, so a row count once measured dear is tried again."""
-    from lm_eval_spot.auto_budget import EXPIRE, RoundCosts
+    from lm_eval_spot.budget.costs import EXPIRE, RoundCosts
 
     startup = linear_costs(5.0, 0.7, 0.1)
     rc = RoundCosts(startup, 23)
@@ -300,7 +300,7 @@ def test_an_unseen_row_count_is_its_nearest_seen_neighbours_median_plus_the_star
     """Real rounds cost more than the start-up curve's bare forwards. An unseen row count priced by the fit's level
     beside a seen one's real median once made a 2-row round look dearer than its true cost and stopped drafting
     for good; it is priced from the nearest seen row count instead (ties: the smaller)."""
-    from lm_eval_spot.auto_budget import RoundCosts
+    from lm_eval_spot.budget import RoundCosts
 
     startup = linear_costs(2.0, 0.5, 0.1)
     rc = RoundCosts(startup, 23)
@@ -356,7 +356,7 @@ def test_auto_learns_pending_rounds_costs_apart_skips_lookahead_rounds_and_price
 
 
 def test_monotone_fit_pools_dips_keeps_jumps_and_weighs_by_rounds():
-    from lm_eval_spot.auto_budget import monotone_fit
+    from lm_eval_spot.budget import monotone_fit
 
     line = [1.0, 2.0, 2.0, 5.0, 9.0]
     assert monotone_fit(line, [1.0] * 5) == tuple(line)  # already non-decreasing (a jump at 4): unchanged
@@ -370,7 +370,7 @@ def test_monotone_fit_pools_dips_keeps_jumps_and_weighs_by_rounds():
 def test_learned_round_costs_never_fall_with_more_rows():
     """A row count whose few rounds ran fast (noise) must not look cheaper than a smaller one: it would draw every
     round's tree to that size."""
-    from lm_eval_spot.auto_budget import RoundCosts
+    from lm_eval_spot.budget import RoundCosts
 
     startup = linear_costs(2.0, 0.5, 0.1)
     rc = RoundCosts(startup, 23)

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.bidirectional import BidirectionalAdapter, NativeCanvas
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
-from lm_eval_spot.auto_budget import AutoBudgetProposer, CostModel
+from lm_eval_spot.budget import AutoBudgetProposer, CostModel
 from lm_eval_spot.baselines.graph import RankGraph
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot.decoding.batch import for_request

@@ -155,7 +155,7 @@ class OnlineAdapter:
         return moved
 
     def _step(self, data: Trajectories, idx: torch.Tensor) -> float:
-        from lm_eval_spot.drafter.train import factored_loss  # the trainer's own loss: one definition
+        from lm_eval_spot.drafter.fit import factored_loss  # the trainer's own loss: one definition
 
         loss = factored_loss(self.model, data, idx, self.cfg.max_depth)
         self.opt.zero_grad(set_to_none=True)

@@ -40,8 +40,8 @@ def configurations(budgets: list[int], auto: bool, graph: bool, extra: Sequence[
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
-    from lm_eval_spot.baselines.graph import RankGraph
+    from lm_eval_spot.budget import AutoBudgetProposer, measure_costs
+    from lm_eval_spot.baselines.rank_graph import RankGraph
     from lm_eval_spot.config import SHIPPED_DRAFTERS, default_graph_path, drafter_for, parse_args, shipped_drafter_path
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig

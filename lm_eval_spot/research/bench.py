@@ -92,14 +92,14 @@ class Row:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from lm_eval_spot.auto_budget import AutoBudgetProposer, measure_costs
+    from lm_eval_spot.budget import AutoBudgetProposer, measure_costs
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
     from lm_eval_spot.cards import parse_model_args
     from lm_eval_spot.config import drafter_for, default_graph_path
     from lm_eval_spot.decoding.batch import for_request
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.model import load_drafter
-    from lm_eval_spot.baselines.graph import RankGraph
+    from lm_eval_spot.baselines.rank_graph import RankGraph
     from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
     from lm_eval_spot.families import load_target
     from lm_eval_spot.methods import MethodSpec, make_proposer

@@ -275,7 +275,7 @@ def embedded_bench(device: str, n: int, temps: list[float], max_gen_toks: int, d
     the configurations in an order rotated per sample). Accuracy: the answer after '#### ' against the
     problem's, which is what the task's strict-match filter and exact_match metric score here."""
     from lm_eval_spot.arith.generator import final_from_answer, make_prompt, make_split
-    from lm_eval_spot.baselines.graph import RankGraph
+    from lm_eval_spot.baselines.rank_graph import RankGraph
     from lm_eval_spot.research.bench import Row, _timed
     from lm_eval_spot.config import default_graph_path, default_target_path, drafter_for
     from lm_eval_spot.cards import parse_model_args
