@@ -4,40 +4,39 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
+from dataclasses import replace
 from pathlib import Path
-from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from lm_eval.api.model import LM
 from tqdm import tqdm
 
-from lm_eval_spot.adapters.base import positions_needed
-from lm_eval_spot.budget import MAX_BUDGET
-from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot import __version__
-from lm_eval_spot.config import (SpotArgs, SpotUserError, default_graph_path, merge_harness_args,
-                                 shipped_drafter_path)
+from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot.batch_size import auto_batch_size
+from lm_eval_spot.budget import MAX_BUDGET
 from lm_eval_spot.cards import parse_model_args
+from lm_eval_spot.chat import apply_chat, chat_template_of, tokenizer_name
+from lm_eval_spot.config import SpotArgs, default_graph_path, merge_harness_args, shipped_drafter_path
 from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
 from lm_eval_spot.drafter.online import OnlineAdapter, adapt_across_ranks, online_adapter_for
 from lm_eval_spot.drafter.recording import DrafterDataWriter
-from lm_eval_spot.gen_kwargs import GenKwargsError, parse_gen_kwargs
-from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
-from lm_eval_spot.likelihood.harness import LikelihoodStats, format_likelihood
-from lm_eval_spot.likelihood.runner import LikelihoodRunner, RunnerSetup
 from lm_eval_spot.families import load_target
 from lm_eval_spot.families.common import with_concrete_dtype
+from lm_eval_spot.jobs import Job, RequestError, plan_jobs, preview
+from lm_eval_spot.likelihood.harness import format_likelihood
+from lm_eval_spot.likelihood.runner import LikelihoodRunner, RunnerSetup
 from lm_eval_spot.methods import build_proposer
+from lm_eval_spot.metrics import PairedStats, RunStats, format_summary, nfe_by_tenth
 from lm_eval_spot.modes import MODES
-from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats, format_summary, nfe_by_tenth
-from lm_eval_spot.request_cache import RequestCache, fingerprint, folder_identity
+from lm_eval_spot.request_cache import RequestCache, run_fingerprint
+from lm_eval_spot.run_report import RankPart, merge_ranks, run_summary, sample_entry, sample_stats
 from lm_eval_spot.stopping import cut_text, make_stop_check
 from lm_eval_spot.threads import choose_threads, decoding_threads, default_thread_counts
 from lm_eval_spot.tokens import TextDecoder
@@ -45,41 +44,7 @@ from lm_eval_spot.tokens import TextDecoder
 # A child of lm-eval's logger: its CLI shows these messages (run summary, load facts) with its own.
 log = logging.getLogger("lm_eval.spot")
 
-DEFAULT_MAX_GEN_TOKS = 256
-
-
-def _sample_entry(context: str, r: DecodeResult, unknown: int) -> dict[str, Any]:
-    """One request's statistics, keyed as lm-eval keys its samples file (`prompt_hash` = hash of the context)."""
-    from lm_eval.utils import hash_string
-
-    return {"prompt_hash": hash_string(context), "nfe": r.nfe.total, "gen_tokens": len(r.token_ids),
-            "rounds": r.rounds, "latency_s": round(r.wall_s, 6), "stop_reason": r.stop_reason,
-            "unknown_ids": unknown}
-
-
-class RequestError(SpotUserError):
-    """A request the target cannot decode as asked (e.g. longer than its context); raised before any decoding."""
-
-
-def _request_name(req: Any) -> str:
-    """'task gsm8k, doc 3' from lm-eval's Instance (its fields may be unset outside the harness)."""
-    task, doc = getattr(req, "task_name", None), getattr(req, "doc_id", None)
-    return f"task {task}, doc {doc}" if task is not None else f"prompt ending {_preview(req.args[0])}"
-
-
-def _preview(text: str, n: int = 50) -> str:
-    tail = text[-n:]
-    return repr(("..." if len(text) > n else "") + tail)
-
-
-@dataclass(frozen=True)
-class _Job:
-    context: str
-    prompt_ids: tuple[int, ...]
-    raw_kwargs: dict[str, Any]
-    cfg: DecodeConfig
-    until: list[str]
-    seed: int
+__all__ = ["RequestError", "SpotDLM"]  # RequestError: raised by job planning, part of this class's interface
 
 
 class SpotDLM(LM):
@@ -136,8 +101,7 @@ class SpotDLM(LM):
         # Per request, in lm-eval's request order: joined with its samples file by `prompt_hash` (compare.py).
         self.sample_log: list[dict[str, Any]] = []
         # Every rank's statistics, gathered at the end of each generate_until (None: single process).
-        self._gathered: tuple[RunStats, PairedStats | None, list[dict[str, Any]], int | None, LikelihoodStats,
-                              list[dict[str, Any]]] | None = None
+        self._gathered: RankPart | None = None
         self.request_cache: RequestCache | None = None  # set when lm-eval runs with --use_cache
         self._summary_logged = False
         prefix = self.tokenizer.eos_token_id
@@ -186,7 +150,7 @@ class SpotDLM(LM):
         return out + [out[-1]] * n_pad if out else out
 
     def _log_likelihood(self) -> None:
-        stats = self._gathered[4] if self._gathered is not None else self.likelihood.stats
+        stats = self._gathered.likelihood if self._gathered is not None else self.likelihood.stats
         log.info("%s", format_likelihood(stats.summary(), self.likelihood.settings))
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
@@ -209,7 +173,7 @@ class SpotDLM(LM):
                 for k, (job, (text, result)) in enumerate(zip(chunk, done, strict=True)):
                     out[start + k] = text
                     self._record(result, job.cfg)
-                    self.sample_log.append(_sample_entry(job.context, result, self.text.count_unknown(result.token_ids)))
+                    self.sample_log.append(sample_entry(job.context, result, self.text.count_unknown(result.token_ids)))
                     self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
                     bar.update(1)
                 bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
@@ -263,31 +227,13 @@ class SpotDLM(LM):
 
     def _gather_stats(self) -> None:
         """Sum every rank's statistics (all ranks call this: it is a collective)."""
-        parts = self.ranks.all_gather_object((self.stats, self.paired, self.sample_log, self._cache_served(),
-                                              self.likelihood.stats, self.likelihood.samples, self._adapt_summary()))
-        stats = RunStats(mode=self.stats.mode, budget=self.stats.budget,
-                         exact_prefix_cache=self.stats.exact_prefix_cache, batch_size=self.stats.batch_size)
-        paired = PairedStats() if self.paired is not None else None
-        samples: list[dict[str, Any]] = []
-        served = [p[3] for p in parts]
-        # The ranks decode side by side: the run took as long as its slowest rank.
-        stats.add_call(max(p[0].call_wall_s for p in parts), max(p[0].decode_wall_s for p in parts))
-        for p in parts:
-            stats.add_steps(p[0].steps, p[0].forwards)
-        likelihood, lik_samples = LikelihoodStats(), []
-        adapt = [p[6] for p in parts if p[6] is not None]
-        self._gathered_adapt = adapt_across_ranks(adapt)
-        for rank_stats, rank_paired, rank_log, _, rank_lik, rank_lik_samples, _ in parts:
-            likelihood.merge(rank_lik)
-            lik_samples.extend(rank_lik_samples)
-            for s, t, (top_k, top_p) in zip(rank_stats.samples, rank_stats.temperatures, rank_stats.truncations,
-                                            strict=True):
-                stats.add(s, t, top_k, top_p)
-            if paired is not None and rank_paired is not None:
-                paired.extend(rank_paired)
-            samples.extend(rank_log)
-        known = None if any(s is None for s in served) else -1 if any(s < 0 for s in served) else sum(served)
-        self._gathered = (stats, paired, samples, known, likelihood, lik_samples)
+        parts = self.ranks.all_gather_object(self._own_part())
+        self._gathered_adapt = adapt_across_ranks([p.adapt for p in parts if p.adapt is not None])
+        self._gathered = merge_ranks(parts)
+
+    def _own_part(self) -> RankPart:
+        return RankPart(self.stats, self.paired, self.sample_log, self._cache_served(), self.likelihood.stats,
+                        self.likelihood.samples, self._adapt_summary())
 
     def _pad_rows(self) -> int:
         """batch_invariant: every forward carries 1 + the largest budget rows (budget=auto's largest is 20)."""
@@ -316,7 +262,7 @@ class SpotDLM(LM):
             self._auto_bs = auto_batch_size(self.adapter, rows, self.args.max_batch_size)
         return self._auto_bs
 
-    def _generate_chunk(self, chunk: list[_Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
+    def _generate_chunk(self, chunk: list[Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
         """Decode a chunk of requests together; with paired control, also decode them draft-free (the oracle
         drafts from that control run's commits)."""
         if self.paired is None:
@@ -337,7 +283,7 @@ class SpotDLM(LM):
             self.paired.add(d[1], c[1])
         return runs[True]
 
-    def _timed_decode(self, chunk: list[_Job], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
+    def _timed_decode(self, chunk: list[Job], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
         """The method's own decoding of a chunk, its wall time added to the run's decoding time (with
         drafter_data, its commits recorded; with online adaptation, the drafter trained on them once the chunk is
         done: both costs are part of the time it adds)."""
@@ -363,64 +309,9 @@ class SpotDLM(LM):
         self._decode_s += time.perf_counter() - t0
         return out
 
-    def _plan(self, requests: list[Any]) -> list[_Job]:
-        from lm_eval.models.utils import handle_stop_sequences
-
-        jobs: list[_Job] = []
-        prev, k = None, 0
-        ignored_truncation = 0
-        for req in requests:
-            context, raw_kwargs = req.args[0], req.args[1]
-            try:
-                gen = parse_gen_kwargs(dict(raw_kwargs or {}), DEFAULT_MAX_GEN_TOKS)
-            except GenKwargsError as err:
-                raise GenKwargsError(f"spot-dlm: request {len(jobs)} ({_request_name(req)}; set by --gen_kwargs or "
-                                     f"the task's generation_kwargs): {err}; nothing was decoded") from None
-            until = handle_stop_sequences(list(gen.until), eos=self.tokenizer.eos_token)
-            max_toks = gen.max_gen_toks
-            if self.args.gen_length is not None:
-                max_toks = min(max_toks, self.args.gen_length)
-            ignored_truncation += int(gen.temperature == 0 and (gen.top_k > 0 or gen.top_p < 1.0))
-            # Greedy decoding ignores top_k / top_p (transformers' greedy search does too): off in its config.
-            top_k, top_p = (gen.top_k, gen.top_p) if gen.temperature > 0 else (0, 1.0)
-            cfg = DecodeConfig(max_gen_toks=max_toks, temperature=gen.temperature, top_k=top_k, top_p=top_p,
-                               pad_rows=self._pad_rows(), lookahead=self.args.lookahead)
-            # lm-eval passes a request's `repeats` as the same object, consecutively: the k-th copy gets seed k.
-            # The seed depends on nothing else (not on the rank, the batch or other requests), so any process
-            # count and batch size decode the same ids.
-            k = k + 1 if req is prev else 1
-            prev = req
-            ids = tuple(self.encode(context))
-            self._check_fits(len(jobs), context, len(ids), max_toks)
-            jobs.append(_Job(context, ids, raw_kwargs, cfg, until, mix_seed(self.base_seed, context, k)))
-        if ignored_truncation:
-            log.warning("spot-dlm: %d request(s) set top_k / top_p with greedy decoding (do_sample false or "
-                        "temperature 0): greedy decoding ignores them, as transformers' does", ignored_truncation)
-        self._warn_unknown_chars(jobs)
-        return jobs
-
-    def _check_fits(self, index: int, context: str, prompt_len: int, gen_len: int) -> None:
-        """A request past the model's context would run on positions it was never trained on: refuse it."""
-        info = self.adapter.info
-        need = positions_needed(info, prompt_len, gen_len)
-        if info.max_positions is not None and need > info.max_positions:
-            raise RequestError(
-                f"spot-dlm: request {index} (prompt ending {_preview(context)}) needs {need} positions (a prompt of "
-                f"{prompt_len} tokens and up to {gen_len} generated, to the end of its last block of "
-                f"{info.block_len}), more than the target's context of {info.max_positions}; nothing was decoded. "
-                "Shorten the prompts (e.g. --num_fewshot) or lower max_gen_toks / gen_length"
-            )
-
-    def _warn_unknown_chars(self, jobs: list[_Job]) -> None:
-        """Characters the tokenizer cannot encode become its unknown token: said once per call, with examples."""
-        unk = getattr(self.tokenizer, "unk_token_id", None)
-        hit = [j for j in jobs if unk is not None and unk in j.prompt_ids]
-        if not hit:
-            return
-        chars = sorted({c for j in hit[:20] for c in set(j.context) if unk in self.encode(c)})
-        log.warning("spot-dlm: %d prompt(s) contain characters the tokenizer does not know (%s); they are encoded "
-                    "as its unknown token %r", len(hit), ", ".join(repr(c) for c in chars[:10]) or "?",
-                    self.tokenizer.unk_token)
+    def _plan(self, requests: list[Any]) -> list[Job]:
+        return plan_jobs(requests, self.encode, self.tokenizer, self.adapter.info, self.args, self.base_seed,
+                         self._pad_rows())
 
     # ---- pieces -----------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -430,7 +321,7 @@ class SpotDLM(LM):
         return self.text(ids)
 
     def _decode_jobs(
-        self, chunk: list[_Job], proposers: list[Proposer | None], observers: list[Any] | None = None,
+        self, chunk: list[Job], proposers: list[Proposer | None], observers: list[Any] | None = None,
         tally: StepTally | None = None,
     ) -> list[tuple[str, DecodeResult]]:
         """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`;
@@ -448,19 +339,12 @@ class SpotDLM(LM):
 
             job = chunk[err.request or 0]
             raise err.with_message(
-                f"spot-dlm: {err} while decoding the request whose prompt ends {_preview(job.context)} "
+                f"spot-dlm: {err} while decoding the request whose prompt ends {preview(job.context)} "
                 f"(prompt_hash {hash_string(job.context)}); nothing of this run was written") from None
         return [(cut_text(self.decode_ids(r.token_ids), job.until), r) for job, r in zip(chunk, results, strict=True)]
 
     def _record(self, r: DecodeResult, cfg: DecodeConfig) -> None:
-        acc = sum(r.accepted) / len(r.accepted) if r.accepted else 0.0
-        self.stats.add(
-            SampleStats(r.nfe.total, len(r.token_ids), r.committed, r.rounds, acc, r.wall_s, r.stop_reason,
-                        r.host_bytes, r.timing.forward, r.timing.draft, r.timing.rest, r.lookahead.rows,
-                        r.lookahead.exact, r.lookahead.used, r.lookahead.later_blocks,
-                        self.text.count_unknown(r.token_ids)),
-            cfg.temperature, cfg.top_k, cfg.top_p,
-        )
+        self.stats.add(sample_stats(r, self.text.count_unknown(r.token_ids)), cfg.temperature, cfg.top_k, cfg.top_p)
 
     # ---- lm-eval hooks -------------------------------------------------------------------------------
     def set_cache_hook(self, cache_hook: Any) -> None:
@@ -472,13 +356,10 @@ class SpotDLM(LM):
 
     def cache_fingerprint(self) -> str:
         """Everything that decides the generated ids: the args, the seed, the device type, the files read."""
-        extra: dict[str, Any] = {"plugin": __version__, "target": folder_identity(self.args.pretrained),
-                                 "tokenizer": folder_identity(self.args.tokenizer), "resolved_target": self.target}
-        if self.drafter_path is not None:
-            extra["drafter"] = folder_identity(str(self.drafter_path))
-        if self.args.mode == "graph":
-            extra["graph"] = folder_identity(self.args.graph or str(default_graph_path()))
-        return fingerprint(vars(self.args), self.base_seed, self.device.type, extra)
+        graph = (self.args.graph or str(default_graph_path())) if self.args.mode == "graph" else None
+        drafter = str(self.drafter_path) if self.drafter_path is not None else None
+        return run_fingerprint(vars(self.args), self.base_seed, self.device.type, __version__, self.target, drafter,
+                               graph)
 
     def _cache_served(self) -> int | None:
         return self.request_cache.served if self.request_cache is not None else None
@@ -495,67 +376,36 @@ class SpotDLM(LM):
             self._gather_stats()
             if self.rank == 0:
                 assert self._gathered is not None
-                if self._gathered[0].samples:
+                if self._gathered.stats.samples:
                     self._log_summary()
-                if self._gathered[4].requests:
+                if self._gathered.likelihood.requests:
                     self._log_likelihood()
         self.ranks.barrier()
 
     def get_model_info(self) -> dict[str, Any]:
-        stats, paired, sample_log, served, likelihood, lik_samples = self._gathered or (
-            self.stats, self.paired, self.sample_log, self._cache_served(), self.likelihood.stats,
-            self.likelihood.samples)
-        summary = stats.summary()
-        if served is not None:
-            # Answers lm-eval returned from --use_cache: never decoded, so not in NFE, tokens or time (-1: unknown).
-            summary["served_from_cache"] = served
-        if paired is not None:
-            summary.update(paired.summary())
-        summary.update({"family": self.target["family"], "impl": self.target["impl"],
-                        "world_size": self.world_size})
-        if MODES[self.args.mode].learned:  # the modes that read a drafter (the fallback shows as none)
-            summary["drafter"] = self.drafter_path.name if self.drafter_path is not None else None
-        if self.drafter_note:
-            summary["drafter_note"] = self.drafter_note
-        adapt = self._gathered_adapt if self._gathered is not None else self._adapt_summary()
-        if adapt:
-            summary["adapt"] = adapt
-        if served and not self._summary_logged:  # every request came from --use_cache: nothing was decoded
+        run = self._gathered or self._own_part()
+        adapt = self._gathered_adapt if self._gathered is not None else run.adapt
+        summary = run_summary(run, self.target, self.world_size, self.drafter_path, MODES[self.args.mode].learned,
+                              self.drafter_note, adapt, self.likelihood.settings)
+        if run.served and not self._summary_logged:  # every request came from --use_cache: nothing was decoded
             self._summary_logged = True
-            log.info("spot-dlm run summary\n%s", format_summary(summary))
-        if likelihood.requests:
-            summary["likelihood"] = {**likelihood.summary(), "settings": self.likelihood.settings}
+            log.info("spot-dlm run summary\n%s", format_summary({k: v for k, v in summary.items()
+                                                                  if k != "likelihood"}))
         return {
             "spot": summary,
-            "spot_likelihood_samples": lik_samples,
+            "spot_likelihood_samples": run.likelihood_samples,
             "spot_target": self.target,
-            "spot_samples": sample_log,
+            "spot_samples": run.samples,
             "spot_args": {k: v for k, v in vars(self.args).items()},
         }
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         """The template --apply_chat_template uses, as lm-eval's HF model gives it (the results record its hash)."""
-        if chat_template is False or chat_template is None:
-            return None
-        template = getattr(self.tokenizer, "chat_template", None)
-        if isinstance(template, dict):  # named templates: the one asked for by name, else "default"
-            name = chat_template if isinstance(chat_template, str) else "default"
-            if name not in template:
-                raise ValueError(f"spot-dlm: the tokenizer has no chat template named {name!r}; it has "
-                                 f"{', '.join(sorted(template))}")
-            return template[name]
-        return template or ""
+        return chat_template_of(self.tokenizer, chat_template)
 
     @property
     def tokenizer_name(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]", "__", str(self.tokenizer.name_or_path))
+        return tokenizer_name(self.tokenizer)
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise SpotUserError(
-                f"spot-dlm: --apply_chat_template needs a tokenizer with a chat template; "
-                f"{self.tokenizer.name_or_path!r} has none (pass tokenizer=<folder with a chat template>)"
-            )
-        return self.tokenizer.apply_chat_template(
-            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        return apply_chat(self.tokenizer, chat_history, add_generation_prompt)

@@ -62,6 +62,19 @@ def fingerprint(args: dict[str, Any], base_seed: int, device_type: str, extra: d
     return json.dumps(doc, sort_keys=True, default=str)
 
 
+def run_fingerprint(args: dict[str, Any], base_seed: int, device_type: str, plugin: str, target: dict[str, Any],
+                    drafter: str | None, graph: str | None) -> str:
+    """`fingerprint` of a run: its args, seed and device type, the plugin version, the resolved target, and the
+    identity of every file it reads (target, tokenizer, drafter, draft graph: any of them None when unused)."""
+    extra: dict[str, Any] = {"plugin": plugin, "target": folder_identity(args["pretrained"]),
+                             "tokenizer": folder_identity(args["tokenizer"]), "resolved_target": target}
+    if drafter is not None:
+        extra["drafter"] = folder_identity(drafter)
+    if graph is not None:
+        extra["graph"] = folder_identity(graph)
+    return fingerprint(args, base_seed, device_type, extra)
+
+
 class RequestCache:
     """The claim on one lm-eval cache file, and the count of requests it served."""
 
