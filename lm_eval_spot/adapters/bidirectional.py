@@ -30,11 +30,12 @@ from typing import Protocol
 import torch
 
 from lm_eval_spot.adapters.base import ForwardTally, NFECounter, RowsCall, TargetInfo
-from lm_eval_spot.adapters.prefix_attention import KV, NAME, PrefixPass, use_prefix_attention
-from lm_eval_spot.adapters.ragged import Attends, FullAttention, RaggedPass, head_sees_only, stack_rows
+from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, use_prefix_attention
+from lm_eval_spot.adapters.native_canvas import NativeCanvas
+from lm_eval_spot.adapters.ragged import Attends, FullAttention, RaggedPass, stack_rows
 from lm_eval_spot.decoding.transfer import upload
 
-NO_MASK = {"full_attention": None, "sliding_attention": None}  # masking is the pass's job
+__all__ = ["BidirectionalAdapter", "BidirectionalSession", "CanvasProtocol", "NativeCanvas", "raw_positions"]
 
 
 class CanvasProtocol(Protocol):
@@ -288,32 +289,3 @@ class BidirectionalAdapter:
                 out[i] = logits[a : a + r, : items[i][1].shape[0]]
                 a += r
         return [o for o in out if o is not None]
-
-
-class NativeCanvas:
-    """A transformers causal-LM class (Llama, Qwen2, ...) run bidirectionally through the project's attention
-    (`use_prefix_attention`, which the adapter selects): explicit positions, every position attends every other of
-    its own row's sequence, only the kept positions reach the LM head."""
-
-    ragged = True
-
-    def __init__(self, shifted: bool) -> None:
-        self.shifted = shifted
-
-    def forward(self, model: torch.nn.Module, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        R, N = ids.shape
-        pos = torch.arange(N, device=ids.device).expand(R, -1)
-        keep = keep.to(ids.device)
-        return self.run(model, ids, pos, RaggedPass([(0, R, N, FullAttention())]),
-                        keep.expand(R, -1) if keep.dim() == 1 else keep)
-
-    def run(self, model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, pp: RaggedPass, keep: torch.Tensor
-            ) -> torch.Tensor:
-        """Rows [B, N] at positions [B, N] with the pass's attention -> raw logits [B, K, V] at keep [B, K]."""
-        if model.config._attn_implementation != NAME:
-            raise RuntimeError("NativeCanvas needs the model's attention set to the project's (use_prefix_attention)")
-        # The model's own forward (hooks on it see the logits); its final norm hands on only each row's kept
-        # positions, so the head's one matmul covers every row's block wherever it sits.
-        with torch.no_grad(), head_sees_only(model.model.norm, keep):
-            return model(input_ids=ids, position_ids=pos, attention_mask=NO_MASK, use_cache=False, logits_to_keep=0,
-                         spot_prefix=pp).logits
