@@ -70,8 +70,12 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "hope = mass * self.top_factor", "hope = mass"),
     ("budget=auto's cut forgets the drafting time spent", "lm_eval_spot/budget/proposer.py",
      "spent = self._sizer.spent if self._sizer is not None else self._spent", "spent = self._spent"),
-    ("a batched request reports its shared forward's time as its own", "lm_eval_spot/decoding/batch.py",
-     "timed=batch_size == 1", "timed=True"),
+    # (The earlier form of this one, `timed=True` for batched requests, is equivalent: `shared_round_ran` then
+    # overwrites the round's own timing anyway; on the old machine it only looked caught through a test that
+    # failed without it.)
+    ("a batched request reports its shared forward's whole time as its own", "lm_eval_spot/decoding/batch.py",
+     "req.shared_round_ran(1000 * (own + forward * req.rows / total_rows))",
+     "req.shared_round_ran(1000 * (own + forward))"),
     ("budget=auto learns rounds that carry finished blocks into the plain rounds' costs", "lm_eval_spot/budget/proposer.py",
      "costs = self.pending_costs if run.pending else self.round_costs", "costs = self.round_costs"),
     ("budget=auto prices an unseen row count at the fit's level", "lm_eval_spot/budget/costs.py",
