@@ -7,3 +7,9 @@ class SpotUserError(ValueError):
 
 class SpotArgError(SpotUserError):
     """A bad model argument: the message names the argument and the accepted values."""
+
+
+def preview(text: str, n: int = 50) -> str:
+    """A request's last `n` characters, quoted, to name it in an error message."""
+    tail = text[-n:]
+    return repr(("..." if len(text) > n else "") + tail)

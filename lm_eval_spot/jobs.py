@@ -16,6 +16,7 @@ from lm_eval_spot.adapters.base import TargetInfo, positions_needed
 from lm_eval_spot.config import SpotArgs, SpotUserError
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.types import DecodeConfig
+from lm_eval_spot.errors import preview
 from lm_eval_spot.gen_kwargs import GenKwargsError, parse_gen_kwargs
 
 log = logging.getLogger("lm_eval.spot")
@@ -35,11 +36,6 @@ class Job:
     cfg: DecodeConfig
     until: list[str]
     seed: int
-
-
-def preview(text: str, n: int = 50) -> str:
-    tail = text[-n:]
-    return repr(("..." if len(text) > n else "") + tail)
 
 
 def request_name(req: Any) -> str:

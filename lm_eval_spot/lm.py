@@ -29,7 +29,8 @@ from lm_eval_spot.drafter.online import OnlineAdapter, adapt_across_ranks, onlin
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.families import load_target
 from lm_eval_spot.families.common import with_concrete_dtype
-from lm_eval_spot.jobs import Job, RequestError, plan_jobs, preview
+from lm_eval_spot.errors import preview
+from lm_eval_spot.jobs import Job, RequestError, plan_jobs
 from lm_eval_spot.likelihood.harness import format_likelihood
 from lm_eval_spot.likelihood.runner import LikelihoodRunner, RunnerSetup
 from lm_eval_spot.methods import build_proposer

@@ -17,6 +17,7 @@ from lm_eval_spot.config import SpotArgs, SpotUserError
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig
 from lm_eval_spot.decoding.noise import mix_seed
+from lm_eval_spot.errors import preview
 from lm_eval_spot.likelihood.harness import (LikelihoodStats, encode_pair, greedy_wanted, pair_seed,
                                              rolling_windows)
 from lm_eval_spot.likelihood.scorer import Estimate, LikelihoodConfig, Pair, context_groups, score_pairs
@@ -28,11 +29,6 @@ DEFAULT_CONTEXT = 2048  # rolling windows when the checkpoint states no context 
 
 class LikelihoodRequestError(SpotUserError):
     """A likelihood request the target cannot score as asked; raised before any forward."""
-
-
-def _preview(text: str, n: int = 50) -> str:
-    tail = text[-n:]
-    return repr(("..." if len(text) > n else "") + tail)
 
 
 @dataclass(frozen=True)
@@ -69,12 +65,12 @@ class LikelihoodRunner:
         info = self.setup.adapter.info
         if not cont:
             raise LikelihoodRequestError(
-                f"spot-dlm: likelihood request {index} (context ending {_preview(context)}) has a continuation "
+                f"spot-dlm: likelihood request {index} (context ending {preview(context)}) has a continuation "
                 "that encodes to no tokens; nothing was scored")
         need = self._positions(len(ctx), len(cont))
         if info.max_positions is not None and need > info.max_positions:
             raise LikelihoodRequestError(
-                f"spot-dlm: likelihood request {index} (context ending {_preview(context)}) needs {need} positions "
+                f"spot-dlm: likelihood request {index} (context ending {preview(context)}) needs {need} positions "
                 f"({len(ctx)} context and {len(cont)} continuation tokens), more than the target's context of "
                 f"{info.max_positions}; nothing was scored. Shorten the prompts (e.g. --num_fewshot)")
 
