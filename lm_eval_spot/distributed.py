@@ -11,6 +11,7 @@ import atexit
 import logging
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -68,8 +69,6 @@ def detect_ranks(device: str) -> Ranks:
     """
     if launched_world_size() <= 1:
         return Ranks()
-    from datetime import timedelta
-
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
@@ -88,9 +87,24 @@ def detect_ranks(device: str) -> Ranks:
     return ranks
 
 
+# How long a finished rank waits at exit for the others (rank 0 still writes results) before closing anyway.
+EXIT_WAIT = timedelta(minutes=10)
+
+
 def _close_group() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    """Close the group with every rank at once. A rank that closed its gloo connections while a peer still held
+    them open (rank 0 writing results) aborted in the C++ teardown, once in a CI run after the atexit close alone:
+    the ranks first meet at a bounded barrier, then close."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    try:
+        if torch.distributed.get_backend() == "gloo":
+            torch.distributed.monitored_barrier(timeout=EXIT_WAIT)
+        else:
+            torch.distributed.barrier()
+    except Exception as exc:  # noqa: BLE001 (a peer that died must not hide this rank's own exit status)
+        log.warning("spot-dlm: ranks did not meet at exit (%s); closing the process group anyway", exc)
+    torch.distributed.destroy_process_group()
 
 
 def rank_device(requested: str, ranks: Ranks) -> str:
