@@ -253,10 +253,3 @@ class RoundCosts:
         # rounds, estimated ones by one.
         w = [float(len(self._at[r])) if r in med else 1.0 for r in range(1, len(out))]
         return (out[0],) + monotone_fit(out[1:], w)
-
-
-def least_marginal(table: Sequence[float], d: int, budget: int) -> float:
-    """For a tree of d drafted states (at most `budget`): the cheapest extra replica from there on (inf when the
-    budget is full). table[r]: a round's cost with r rows."""
-    steps = [max(0.0, table[r + 1] - table[r]) for r in range(1 + d, 1 + budget)]
-    return min(steps) if steps else float("inf")

@@ -10,7 +10,7 @@ import statistics
 import time
 from collections import deque
 
-from lm_eval_spot.budget.costs import CostModel, RoundCosts, best_cut, least_marginal
+from lm_eval_spot.budget.costs import CostModel, RoundCosts, best_cut
 from lm_eval_spot.decoding.proposer import RoundContext
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.proposer import GrownTree, OrderSource, TreeConfig, TreeProposer
@@ -54,10 +54,8 @@ class _RoundSize:
 
 
 class AutoBudgetProposer(TreeProposer):
-    """The best-first tree with a per-round, cost-aware size (at most cfg.budget nodes).
-
-    Over host tables (a factored order model on the CPU) it runs the node-by-node search and stops it with
-    `_RoundSize`; over other order sources the level-wise search, priced level by level (`_expand`)."""
+    """The best-first tree with a per-round, cost-aware size (at most cfg.budget nodes): the search stops where
+    `_RoundSize` says more nodes cannot raise the round's rate, and `_finish` cuts it at the best rate."""
 
     def __init__(self, order: OrderSource, cfg: TreeConfig, costs: CostModel) -> None:
         super().__init__(order, cfg)
@@ -74,14 +72,12 @@ class AutoBudgetProposer(TreeProposer):
         self._propose_ms = 0.0  # this request's previous propose() (what its round time less the rest is)
         self._spent = 0.0
         # Tree bookkeeping per expanded node (ms), learned online: the start-up curve times the order model alone.
-        # The median of recent levels: a mean let one level stalled by another process inflate the estimate, and
+        # The median of recent rounds: a mean let one round stalled by another process inflate the estimate, and
         # rounds that then drafted nothing never measured it down again.
         self._per_node_ms = 0.0
         self._per_node_samples: deque[float] = deque(maxlen=31)
-        self._level: tuple[float, int] | None = None  # (start time, nodes) of the level being expanded
         self._skipped = 0  # consecutive rounds skipped on the learned overhead alone
         self._retry = False
-        self._floor = 0.0
         # Prefix masses are the drafter's acceptance estimates; deep ones run optimistic (a 20-node tree's depth-16+
         # nodes are accepted ~0.7x as often as predicted), and they are the ones a cost-aware cut weighs last. So
         # each depth's masses are scaled by its observed acceptances over predicted ones, from the verifier's
@@ -145,9 +141,7 @@ class AutoBudgetProposer(TreeProposer):
 
     def _propose(self, ctx: RoundContext) -> GrownTree:
         self._spent = self.costs.prepare_ms
-        self._level = None
         self._retry = False
-        self._floor = 0.0
         if not self._root_pays():
             # Skipped rounds measure nothing, so an overhead learned while another process held the cores would
             # stop drafting for good: every RETRY-th such round drafts anyway and measures it again.
@@ -159,7 +153,7 @@ class AutoBudgetProposer(TreeProposer):
             self._skipped = 0
         self._sizer = None
         grown = self.grow(ctx)
-        self._close_level()
+        self._close_round()
         return grown
 
     def _size(self) -> _RoundSize:
@@ -175,54 +169,13 @@ class AutoBudgetProposer(TreeProposer):
         budget = min(self.cfg.budget, self.costs.max_budget, len(t) - 2)
         return any((1.0 + d) / (t[1 + d] + self.costs.prepare_ms + d * node) > 1.0 / t[1] for d in range(1, budget + 1))
 
-    def _level_ms(self, k: int) -> float:
-        return self.costs.drafter(k) + (0.0 if self._retry else self._per_node_ms) * k
-
-    def _close_level(self) -> None:
-        """Fold the measured time of the level just expanded (or of the node-by-node search) into the per-node
-        overhead (a median of recent measurements)."""
+    def _close_round(self) -> None:
+        """Fold the measured time of the round's search into the per-node overhead (a median of recent rounds)."""
         sizer, self._sizer = self._sizer, None
         if sizer is not None:
             elapsed = 1000 * (time.perf_counter() - sizer.start)
             self._per_node_samples.append(max(0.0, elapsed / sizer.expanded - self.costs.drafter(1)))
             self._per_node_ms = statistics.median(self._per_node_samples)
-        if self._level is not None:
-            start, k = self._level
-            elapsed = 1000 * (time.perf_counter() - start)
-            self._per_node_samples.append(max(0.0, elapsed - self.costs.drafter(k)) / k)
-            self._per_node_ms = statistics.median(self._per_node_samples)
-            self._level = None
-
-    def _expand(
-        self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float], depth: list[int]
-    ) -> list[int]:
-        self._close_level()
-        current = sorted((self._value(mass[c], depth[c]) for c in selected), reverse=True)
-        d_now, rate_now = best_cut(current, self._table, self._spent)
-        # The per-round gamma: a node earns its replica only if its mass beats the rate times the replica's cost,
-        # and the rate rarely falls as the tree grows; half that bound leaves room for the exceptions. Dropping
-        # lighter candidates early saves most of the tree bookkeeping.
-        self._floor = 0.5 * rate_now * least_marginal(self._table, d_now, self.cfg.budget)
-        # Optimistic: each expanded node gets one child as likely as itself (a child never has more mass). Expand
-        # the frontier nodes whose hoped child would make the best cut of (selected + every hoped child); stop if
-        # that does not beat the present rate. Two cuts per level, not one per candidate k: this runs every level.
-        hope = {n: self._value(mass_of[n], 1 + (depth[n] if n >= 0 else 0)) for n in frontier}
-        ranked = sorted(frontier, key=lambda n: -hope[n])
-        hoped = [hope[n] for n in ranked]
-        merged = sorted(current + hoped, reverse=True)[: self.cfg.budget]
-        d, _ = best_cut(merged, self._table, self._spent + self._level_ms(len(ranked)))
-        best_k = sum(1 for m in hoped if m >= merged[d - 1]) if d else 0
-        if best_k:
-            cut = sorted(current + hoped[:best_k], reverse=True)[: self.cfg.budget]
-            _, rate = best_cut(cut, self._table, self._spent + self._level_ms(best_k))
-            best_k = best_k if rate > rate_now else 0
-        if best_k:
-            self._spent += self._level_ms(best_k)
-            self._level = (time.perf_counter(), best_k)
-        return ranked[:best_k]
-
-    def _mass_floor(self) -> float:
-        return max(self.cfg.gamma, self._floor)
 
     def _finish(self, selected: list[int], mass: list[float], depth: list[int]) -> list[int]:
         # `selected` is in raw-mass order, parents before children: every prefix is a tree.

@@ -1,27 +1,42 @@
-"""Sequential best-first tree search over the factored order model's host tables, one node at a time.
+"""The draft tree search: best first by prefix mass, one node at a time, over any order source.
 
-The level-wise builder (`TreeProposer.grow`) calls the order source once per tree level, on every node of the
-level, through generic depth maps; on the CPU its per-level bookkeeping costs more than the arithmetic. The
-factored model's node logits are base + sum of pair rows along the path + the last commit's row + a length row,
-so a child's logits are its parent's plus a few [L] rows: this search expands exactly the nodes it selects, in
-prefix-mass order, with a heap.
+An order source shows the search a round's tree through `Paths`: a node's candidate slots with their order
+probabilities, and the node a commit leads to. Expanding a node costs one such call, and the search expands
+exactly the nodes it selects, in prefix-mass order, with a heap. Prefix mass of a node = product along its path
+of (order probability of the slot) x (stale probability of the token); a child never outweighs its parent.
 
-It selects the same tree as the level-wise builder: the top `budget` candidates by (-mass, depth, creation
-order), where the level-wise creation order is reproduced as a key (a parent's rank among its depth's nodes, then
-the slot's rank by descending order probability, lowest slot on ties, then the token hypothesis). A child never
-outweighs its parent and ranks after it on equal mass, so popping candidates in key order is that top set.
+It selects the top `budget` candidates by (-mass, depth, creation order), where the creation order is a key (the
+parent's rank among its depth's nodes, then the slot's rank by descending order probability, lowest slot on
+ties, then the token hypothesis): the tree a level-by-level search over every candidate selects, tie-breaks
+included (tests/test_host_drafter.py keeps such a search as the reference). A child ranks after its parent on
+equal mass, so popping candidates in key order is that top set.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
-from lm_eval_spot.drafter.factored import HostTables
+
+class Paths(Protocol):
+    """One round's tree as an order source sees it (`TreeProposer.grow` builds it from the round's context)."""
+
+    def root(self) -> Any:
+        """The root state's node."""
+        ...
+
+    def child(self, node: Any, slot: int, depth: int) -> Any:
+        """The node reached from `node` by committing `slot` at path depth `depth`."""
+        ...
+
+    def slot_probs(self, node: Any, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """(slots in ascending order, their next-commit probabilities) for a node at path depth `depth`: every
+        slot the order source may put mass on (a zero probability is allowed and never drafted)."""
+        ...
 
 
 @dataclass
@@ -37,35 +52,30 @@ class Candidates:
 
 
 class _Node:
-    """What expanding a node needs: its path's summed pair rows, its candidate slots, last commit, mass, depth."""
+    """An expanded node: the order source's state for it, its prefix mass, depth and creation-order key."""
 
-    __slots__ = ("pair", "open", "last", "mass", "depth", "order")
+    __slots__ = ("state", "mass", "depth", "order")
 
-    def __init__(self, pair: np.ndarray, open_: np.ndarray, last: int, mass: float, depth: int, order: Any) -> None:
-        self.pair, self.open, self.last, self.mass, self.depth, self.order = pair, open_, last, mass, depth, order
+    def __init__(self, state: Any, mass: float, depth: int, order: Any) -> None:
+        self.state, self.mass, self.depth, self.order = state, mass, depth, order
 
 
-def _children(t: HostTables, node: _Node, hyp_p: list[tuple[float, float]], keep: int, floor: float
+def _children(paths: Paths, node: _Node, hyp_p: list[tuple[float, float]], keep: int, floor: float
               ) -> tuple[list[int], list[int], list[float], list[int]]:
     """The node's `keep` heaviest children with mass >= floor, best first: (slot, hypothesis, mass, creation
     index) lists. Creation index = slot rank by descending probability (lowest slot on ties) x 2 + hypothesis:
-    equal masses go in that order, as the level-wise builder makes them. hyp_p: per slot its hypotheses'
-    stale probabilities."""
-    if not node.open.size:
+    equal masses go in that order. hyp_p: per slot its hypotheses' stale probabilities."""
+    slots_in, q = paths.slot_probs(node.state, node.depth)
+    if not slots_in.size:
         return [], [], [], []
-    # The terms in `HostTables.node_probs`'s order (float sums depend on it), over the candidate slots only.
-    logits = (node.pair[node.open] + t.last_t[node.last, node.open]) if node.last >= 0 else node.pair[node.open]
-    logits += t.length_t[min(node.depth, t.length_t.shape[0] - 1), node.open]
-    e = np.exp(logits - logits.max())
-    q = e / e.sum()
     rank = (-q).argsort(kind="stable")  # candidate slots ascend, so ties go lowest slot first
-    qs, slots = q[rank].tolist(), node.open[rank].tolist()
+    qs, slots = q[rank].tolist(), slots_in[rank].tolist()
     # Slots by descending probability; a child's mass is at most mass x q (token probabilities are <= 1), so
     # the scan stops at the first slot that cannot beat the keep-th child found (a tie would rank after it).
     found: list[tuple[float, int]] = []  # (-mass, creation index)
     kth = 0.0
     for r, qq in enumerate(qs):
-        bq = node.mass * qq  # the level-wise products: (mass x q) x p, in float64
+        bq = node.mass * qq  # (mass x q) x p, in float64: the reference search's products
         if bq <= 0.0 or bq < floor or (len(found) >= keep and bq <= kth):
             break
         p0, p1 = hyp_p[slots[r]]
@@ -88,7 +98,7 @@ def _children(t: HostTables, node: _Node, hyp_p: list[tuple[float, float]], keep
 More = Callable[[float, int], bool]
 
 
-def grow_best_first(t: HostTables, hyp_tok: np.ndarray, hyp_p: np.ndarray, n_elig: int, budget: int,
+def grow_best_first(paths: Paths, hyp_tok: np.ndarray, hyp_p: np.ndarray, n_elig: int, budget: int,
                     min_mass: float, chain: bool, more: More | None = None) -> tuple[list[int], Candidates]:
     """The selected candidates (in key order, so parents come before children) and every candidate made.
 
@@ -107,7 +117,7 @@ def grow_best_first(t: HostTables, hyp_tok: np.ndarray, hyp_p: np.ndarray, n_eli
             return []
         # A chain takes each node's heaviest child, however light next to earlier levels' candidates.
         floor = max(min_mass, best[0] if len(best) == budget and not chain else 0.0)
-        slots, hyps, masses, made_at = _children(t, node, hp, 1 if chain else budget, floor)
+        slots, hyps, masses, made_at = _children(paths, node, hp, 1 if chain else budget, floor)
         rank = (-node.mass, node.order)  # the parent's rank among its depth's nodes, then the creation index
         out = []
         for s, h, m, k in zip(slots, hyps, masses, made_at, strict=True):
@@ -125,12 +135,12 @@ def grow_best_first(t: HostTables, hyp_tok: np.ndarray, hyp_p: np.ndarray, n_eli
         return out
 
     def select(cid: int) -> None:
-        parent, s = expanded[c.parent[cid]], c.pos[cid]
-        open_ = parent.open[parent.open != s]
-        expanded[cid] = _Node(parent.pair + t.pair_t[s], open_, s, c.mass[cid], c.depth[cid], c.order[cid])
+        parent = expanded[c.parent[cid]]
+        expanded[cid] = _Node(paths.child(parent.state, c.pos[cid], c.depth[cid]), c.mass[cid], c.depth[cid],
+                              c.order[cid])
         selected.append(cid)
 
-    expanded[-1] = _Node(t.base.astype(np.float32), np.flatnonzero(t.candidate), -1, 1.0, 0, ())
+    expanded[-1] = _Node(paths.root(), 1.0, 0, ())
     selected: list[int] = []
     heap = [(-c.mass[k], c.depth[k], c.order[k], k) for k in expand(-1)]
     heapq.heapify(heap)

@@ -62,8 +62,9 @@ class RoundTables:
 
 @dataclass(frozen=True)
 class HostTables:
-    """One round's tables as numpy arrays, laid out for row gathers. Drafting calls the model once per tree level
-    on a handful of nodes; on the CPU numpy's per-call overhead is a fraction of torch's, which dominates there."""
+    """One round's tables as numpy arrays, laid out for row gathers: the tree search's `Paths` on the CPU (a
+    node's logits are its parent's plus a few [L] rows). Drafting touches a handful of nodes per round; numpy's
+    per-call overhead is a fraction of torch's, which dominates there."""
 
     base: np.ndarray  # [L]
     pair_t: np.ndarray  # [L (j), L (i)]
@@ -76,17 +77,35 @@ class HostTables:
         return HostTables(t.base[0].numpy(), t.pair[0].T.contiguous().numpy(), t.last[0].T.contiguous().numpy(),
                           t.length[0].T.contiguous().numpy(), t.candidate[0].numpy())
 
+    # A node: (base + the path's summed pair rows [L], its candidate slots ascending, its last commit or -1).
+    def root(self) -> tuple[np.ndarray, np.ndarray, int]:
+        return self.base.astype(np.float32), np.flatnonzero(self.candidate), -1
+
+    def child(self, node: tuple[np.ndarray, np.ndarray, int], slot: int, depth: int) -> tuple[np.ndarray, np.ndarray, int]:
+        pair, open_, _ = node
+        return pair + self.pair_t[slot], open_[open_ != slot], slot
+
+    def slot_probs(self, node: tuple[np.ndarray, np.ndarray, int], depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """The factored model's node distribution (`FactoredOrderModel.node_logits`), over the candidate slots."""
+        pair, open_, last = node
+        if not open_.size:
+            return open_, np.zeros(0, dtype=np.float32)
+        logits = (pair[open_] + self.last_t[last, open_]) if last >= 0 else pair[open_]
+        logits += self.length_t[min(depth, self.length_t.shape[0] - 1), open_]
+        e = np.exp(logits - logits.max())
+        return open_, e / e.sum()
+
     def node_probs(self, depth_maps: np.ndarray) -> np.ndarray:
-        on = depth_maps > 0
-        has_last = on.any(axis=1)
-        logits = self.base[None, :] + on.astype(np.float32) @ self.pair_t
-        logits += self.last_t[depth_maps.argmax(axis=1)] * has_last[:, None]
-        logits += self.length_t[np.minimum(on.sum(axis=1), self.length_t.shape[0] - 1)]
-        logits[~(self.candidate[None, :] & ~on)] = -np.inf
-        top = logits.max(axis=1, keepdims=True)
-        e = np.exp(logits - np.where(np.isfinite(top), top, 0.0))
-        z = e.sum(axis=1, keepdims=True)
-        return np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+        """depth_maps [N, L] (d = committed at path depth d) -> [N, L]: each path walked through `child`."""
+        out = np.zeros(depth_maps.shape, dtype=np.float32)
+        for row, dm in enumerate(depth_maps):
+            node = self.root()
+            on = np.flatnonzero(dm > 0)
+            for d, slot in enumerate(on[np.argsort(dm[on], kind="stable")].tolist(), start=1):
+                node = self.child(node, slot, d)
+            slots, q = self.slot_probs(node, len(on))
+            out[row, slots] = q
+        return out
 
 
 def relative_slot_features(L: int, device: torch.device | None = None) -> torch.Tensor:

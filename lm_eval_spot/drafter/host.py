@@ -105,6 +105,33 @@ class HostEncoder:
 
     @staticmethod
     def of(model: FactoredOrderModel) -> HostEncoder:
+        """The snapshot, checked against the torch model (the one definition of the arithmetic) on a probe round."""
+        host = HostEncoder._fold_weights(model)
+        host.check_against(model)
+        return host
+
+    def check_against(self, model: FactoredOrderModel, L: int = 16) -> None:
+        """Raise RuntimeError unless this pass computes the torch model's tables on a random round: a model
+        option the numpy copy does not know of fails here, at snapshot time, not as quietly worse drafts."""
+        L = min(L, model.cfg.max_block_len)
+        g = torch.Generator().manual_seed(0)
+        probs = torch.softmax(4.0 * torch.randn(L, max(self.top_k, 2), generator=g), dim=-1)
+        topk = probs.sort(dim=-1, descending=True).values
+        stale = Stale(topk, torch.zeros(L, 2, dtype=torch.long), torch.log1p(-topk[:, 0].clamp_max(1 - 1e-6)))
+        committed = torch.rand(L, generator=g) < 0.3
+        eligible = ~committed
+        want = model.prepare(stale, committed, eligible).host
+        got = self.prepare(stale, committed, eligible)
+        assert want is not None
+        for name in ("base", "pair_t", "last_t", "length_t"):
+            a, b = getattr(got, name), getattr(want, name)
+            if a.shape != b.shape or not np.allclose(a, b, rtol=1e-3, atol=1e-3):
+                err = float(np.abs(a - b).max()) if a.shape == b.shape else f"shape {a.shape} vs {b.shape}"
+                raise RuntimeError(f"the drafter's numpy pass differs from its torch model in {name} ({err}): "
+                                   "a model option it does not handle (a bug: please report it)")
+
+    @staticmethod
+    def _fold_weights(model: FactoredOrderModel) -> HostEncoder:
         layers = []
         for layer in model.encoder.layers:
             att = layer.self_attn

@@ -1,13 +1,12 @@
-"""Best-first draft trees by prefix mass, over any order source: SPOT's learned order model or stale confidence.
+"""Draft trees by prefix mass over an order source: SPOT's learned order model or stale confidence.
 
 Prefix mass of a node = product along its path of (order probability of the slot) x (stale probability of the
-token). A child's mass never exceeds its parent's, so expanding level by level -- each level one batched
-order-source call over every newly selected node -- reaches the same top-D set as sequential best-first search.
+token). The search itself is `best_first.grow_best_first`; this module supplies its order sources and turns the
+selected candidates into a `DraftTree`.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -123,10 +122,29 @@ class GrownTree:
     depth: tuple[int, ...] = ()
 
 
+class DepthMapPaths:
+    """`Paths` over an order source that scores depth maps (stale confidence, an order model on an accelerator):
+    a node is its depth map, each expansion one `probs` call on it."""
+
+    def __init__(self, order: OrderSource, prep: Any, ctx: RoundContext) -> None:
+        self.order, self.prep, self.ctx = order, prep, ctx
+        self.slots = np.arange(int(ctx.state.shape[0]))
+
+    def root(self) -> np.ndarray:
+        return np.zeros(self.slots.shape[0], dtype=np.int64)
+
+    def child(self, node: np.ndarray, slot: int, depth: int) -> np.ndarray:
+        out = node.copy()
+        out[slot] = depth
+        return out
+
+    def slot_probs(self, node: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.slots, self.order.probs(self.prep, self.ctx, torch.from_numpy(node[None]))[0].numpy()
+
+
 class TreeProposer:
-    # With host tables (a factored order model on the CPU) the tree grows node by node (`best_first`): the same
-    # tree as the level-wise search, at a fraction of its host work. Other order sources grow level by level.
-    levelwise = False
+    """The best-first tree (`best_first.grow_best_first`) over an order source: the learned order model's host
+    tables where it runs on the CPU, depth maps otherwise."""
 
     def __init__(self, order: OrderSource, cfg: TreeConfig) -> None:
         self.order = order
@@ -148,115 +166,23 @@ class TreeProposer:
     def grow(self, ctx: RoundContext) -> GrownTree:
         if ctx.stale is None:
             return GrownTree(DraftTree.empty())  # a block's first round: no stale conditionals to draft from
-        D = self.cfg.budget
-        L = ctx.state.shape[0]
         prep = ctx.prepared if ctx.prepared is not None else self.order.begin(ctx)
-        hyp_tok_t, hyp_p_t = token_hypotheses(ctx, self.cfg.hedge_below)
-        n_elig = int(ctx.eligible.sum())
-        if isinstance(prep, HostTables) and not self.levelwise:
-            chosen, cand = grow_best_first(prep, hyp_tok_t.numpy(), hyp_p_t.double().numpy(), n_elig, D,
-                                           self.cfg.gamma, self.cfg.chain, self._size())
-            chosen = self._finish(chosen, cand.mass, cand.depth)
-            tree, nodes = self._as_tree(chosen, cand.parent, cand.pos, cand.tok, cand.depth, cand.order)
-            return GrownTree(tree, tuple(cand.mass[c] for c in nodes), tuple(cand.depth[c] for c in nodes))
-        hyp_tok, hyp_p = hyp_tok_t.tolist(), hyp_p_t.tolist()
-        # Candidates: parallel lists; parent -1 is the root.
-        c_parent: list[int] = []
-        c_pos: list[int] = []
-        c_tok: list[int] = []
-        c_mass: list[float] = []
-        c_depth: list[int] = []
-        # Host bookkeeping in numpy: per level it is a handful of tiny ops, where torch's per-call cost dominates.
-        depth_of: dict[int, np.ndarray] = {-1: np.zeros(L, dtype=np.int64)}
-        mass_of = {-1: 1.0}
-        frontier = [-1]
-        selected: list[int] = []
-        children: dict[int, list[int]] = {}
-        # A candidate lighter than the D-th heaviest so far can never be selected (that bound only rises), and a
-        # chain only ever takes a parent's heaviest child: skipping the rest saves most of the bookkeeping while
-        # the selection stays the exact top D by mass over ALL slots (a slot's q alone does not rank its mass).
-        best: list[float] = []  # min-heap of the D largest masses so far (trees)
-        chain = self.cfg.chain
-        while frontier := self._expand(frontier, mass_of, selected, c_mass, c_depth):
-            min_mass = self._mass_floor()
-            maps = torch.from_numpy(np.stack([depth_of[n] for n in frontier]))
-            q = self.order.probs(prep, ctx, maps)
-            # A stable sort: equal probabilities (saturated confidences are common) go lowest slot first, as the
-            # target's own tie-break does (topk would pick among ties arbitrarily); candidate order is the
-            # tie-break of every later selection.
-            qn = q.numpy()
-            qi = np.argsort(-qn, axis=-1, kind="stable")  # descending, equal values in slot order
-            qv = np.take_along_axis(qn, qi, axis=-1)
-            for row, node in enumerate(frontier):
-                base = mass_of[node]
-                node_best = 0.0
-                for qq, pos in zip(qv[row].tolist(), qi[row].tolist(), strict=True):
-                    floor = node_best if chain else (best[0] if len(best) == D else 0.0)
-                    if qq <= 0.0 or base * qq < max(floor, min_mass):
-                        break  # sorted: every later slot is lighter still (token probabilities are <= 1)
-                    for h in (0, 1):
-                        m = base * qq * hyp_p[pos][h]
-                        if m <= 0.0 or m < min_mass or m < floor:
-                            continue
-                        node_best = max(node_best, m)
-                        if not chain:
-                            if len(best) < D:
-                                heapq.heappush(best, m)
-                            elif m > best[0]:
-                                heapq.heapreplace(best, m)
-                            floor = best[0] if len(best) == D else 0.0
-                        children.setdefault(node, []).append(len(c_parent))
-                        c_parent.append(node)
-                        c_pos.append(pos)
-                        c_tok.append(hyp_tok[pos][h])
-                        c_mass.append(m)
-                        c_depth.append(c_depth[node] + 1 if node >= 0 else 1)
-            selected = self._select(children, c_mass, c_depth, D)
-            frontier = []
-            for c in selected:
-                if c in depth_of or c_depth[c] >= n_elig:
-                    continue
-                dm = depth_of[c_parent[c]].copy()
-                dm[c_pos[c]] = c_depth[c]
-                depth_of[c], mass_of[c] = dm, c_mass[c]
-                frontier.append(c)
-        selected = self._finish(selected, c_mass, c_depth)
-        tree, nodes = self._as_tree(selected, c_parent, c_pos, c_tok, c_depth, range(len(c_parent)))
-        return GrownTree(tree, tuple(c_mass[c] for c in nodes), tuple(c_depth[c] for c in nodes))
+        paths = prep if isinstance(prep, HostTables) else DepthMapPaths(self.order, prep, ctx)
+        hyp_tok, hyp_p = token_hypotheses(ctx, self.cfg.hedge_below)
+        chosen, cand = grow_best_first(paths, hyp_tok.numpy(), hyp_p.double().numpy(), int(ctx.eligible.sum()),
+                                       self.cfg.budget, self.cfg.gamma, self.cfg.chain, self._size())
+        chosen = self._finish(chosen, cand.mass, cand.depth)
+        tree, nodes = self._as_tree(chosen, cand.parent, cand.pos, cand.tok, cand.depth, cand.order)
+        return GrownTree(tree, tuple(cand.mass[c] for c in nodes), tuple(cand.depth[c] for c in nodes))
 
-    # Hooks for a proposer that sizes the tree per round (budget=auto); fixed budgets expand fully.
+    # Hooks for a proposer that sizes the tree per round (budget=auto); fixed budgets grow to the budget.
     def _size(self) -> More | None:
-        """The node-by-node search's stopping rule for this round (None: grow to the budget)."""
+        """The search's stopping rule for this round (None: grow to the budget)."""
         return None
-
-    def _expand(
-        self, frontier: list[int], mass_of: dict[int, float], selected: list[int], mass: list[float], depth: list[int]
-    ) -> list[int]:
-        """The nodes to expand next (an empty list stops growing). Candidates are indices into mass/depth."""
-        return frontier
 
     def _finish(self, selected: list[int], mass: list[float], depth: list[int]) -> list[int]:
         """The final cut of `selected` (mass order, parents before children: every prefix is a tree)."""
         return selected
-
-    def _mass_floor(self) -> float:
-        """Candidates lighter than this are dropped: SPOT-gamma's fixed floor (budget=auto sets one per level)."""
-        return self.cfg.gamma
-
-    def _select(self, children: dict[int, list[int]], mass: list[float], depth: list[int], D: int) -> list[int]:
-        if not self.cfg.chain:
-            # Ties: shallower first, then older, so a parent always ranks before its children.
-            order = sorted(range(len(mass)), key=lambda c: (-mass[c], depth[c], c))
-            return order[:D]
-        chain: list[int] = []
-        node = -1
-        while len(chain) < D:
-            kids = children.get(node)
-            if not kids:
-                break
-            node = max(kids, key=lambda c: (mass[c], -c))
-            chain.append(node)
-        return chain
 
     @staticmethod
     def _as_tree(
