@@ -99,7 +99,7 @@ def test_learned_order_uses_the_numpy_pass_on_the_cpu_only_for_factored_models()
     assert isinstance(LearnedOrder(random_factored(0)).begin(ctx), HostTables)
 
 
-def level_wise(order: LearnedOrder, ctx: RoundContext, cfg: TreeConfig) -> tuple[DraftTree, list[float], list[int]]:
+def level_wise(order: LearnedOrder | StaleConfidenceOrder, ctx: RoundContext, cfg: TreeConfig) -> tuple[DraftTree, list[float], list[int]]:
     """Reference search, written apart from the package's: level by level, every selected node's children made
     (no pruning), then the top `budget` candidates by (-mass, depth, creation index) -- or, for a chain, each
     node's heaviest child (lowest creation index on ties). Mass = parent mass x order probability x the stale
@@ -112,7 +112,15 @@ def level_wise(order: LearnedOrder, ctx: RoundContext, cfg: TreeConfig) -> tuple
         hyps = [[(int(stale.top_ids[i, 0]), float(stale.topk[i, 0]))]
                 + ([(int(stale.top_ids[i, 1]), float(stale.topk[i, 1]))] if float(stale.topk[i, 0]) < cfg.hedge_below
                    else []) for i in range(ctx.state.shape[0])]
-    prep = order.begin(ctx)
+    if isinstance(order, StaleConfidenceOrder):  # q proportional to stale confidence over the still-open slots
+        def q_of(maps):
+            w = stale.topk[:, 0][None] * (ctx.eligible & ~ctx.committed_before)[None] * (maps == 0)
+            return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+    else:
+        prep = order.begin(ctx)
+
+        def q_of(maps):
+            return order.probs(prep, ctx, maps)
     n_elig = int(ctx.eligible.sum())
     L = ctx.state.shape[0]
     parent, pos, tok, mass, depth = [], [], [], [], []
@@ -121,7 +129,7 @@ def level_wise(order: LearnedOrder, ctx: RoundContext, cfg: TreeConfig) -> tuple
     children: dict[int, list[int]] = {}
     frontier, selected = [-1], []
     while frontier:
-        q = order.probs(prep, ctx, torch.stack([maps[n] for n in frontier]))
+        q = q_of(torch.stack([maps[n] for n in frontier]))
         for row, n in enumerate(frontier):
             ranked = sorted(range(L), key=lambda j: (-float(q[row, j]), j))
             for j in ranked:

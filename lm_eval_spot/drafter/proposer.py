@@ -17,9 +17,8 @@ import torch
 from lm_eval_spot.decoding.proposer import RoundContext, token_hypotheses
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.decoding.stale import Stale
-from lm_eval_spot.drafter.best_first import More, grow_best_first
+from lm_eval_spot.drafter.best_first import More, Paths, grow_best_first
 from lm_eval_spot.drafter.factored import FactoredOrderModel, HostTables
-from lm_eval_spot.drafter.features import MASKED, node_status
 from lm_eval_spot.drafter.host import HostEncoder
 from lm_eval_spot.drafter.model import DrafterModel
 
@@ -45,8 +44,8 @@ class OrderSource(Protocol):
         """Per-round work shared by every node of the round."""
         ...
 
-    def probs(self, prep: Any, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
-        """depth_maps [N, L] (0 = not on the path, d = committed at path depth d) -> [N, L] probabilities."""
+    def paths(self, prep: Any, ctx: RoundContext) -> Paths:
+        """The round's tree as the search walks it (`best_first.Paths`), from `begin`'s work."""
         ...
 
 
@@ -71,7 +70,11 @@ class LearnedOrder:
         assert ctx.stale is not None
         return self.prepare(ctx.stale, ctx.committed_before, ctx.eligible)
 
+    def paths(self, prep: Any, ctx: RoundContext) -> Paths:
+        return prep if isinstance(prep, HostTables) else DepthMapPaths(self, prep, ctx)
+
     def probs(self, prep: Any, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
+        """depth_maps [N, L] (0 = not on the path, d = committed at path depth d) -> [N, L] probabilities."""
         return self.node_probs(prep, depth_maps)
 
     def prepare(self, stale: Stale, committed: torch.Tensor, eligible: torch.Tensor) -> Any:
@@ -103,14 +106,34 @@ class PreparesMany(Protocol):
 class StaleConfidenceOrder:
     """Training-free: slots ranked by stale clean confidence max_v p(v), renormalised over what is left."""
 
-    def begin(self, ctx: RoundContext) -> torch.Tensor:
+    def begin(self, ctx: RoundContext) -> ConfidencePaths:
         assert ctx.stale is not None
-        return ctx.stale.confidence
+        return ConfidencePaths(ctx.stale.confidence, ctx.eligible & ~ctx.committed_before)
 
-    def probs(self, prep: torch.Tensor, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
-        status = node_status(ctx.committed_before, ctx.eligible, depth_maps)
-        w = prep.unsqueeze(0) * (status == MASKED)
-        return w / w.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    def paths(self, prep: ConfidencePaths, ctx: RoundContext) -> Paths:
+        return prep
+
+
+class ConfidencePaths:
+    """`Paths` for stale confidence: a node is its still-open slots; the next commit goes to one of them with
+    probability proportional to its stale confidence. The normaliser is torch's row sum over all L slots (zeros
+    where closed), the sum the baselines' trees were defined with, so their masses (and ties) stay bit for bit."""
+
+    def __init__(self, confidence: torch.Tensor, open_: torch.Tensor) -> None:
+        self.conf = confidence.float().numpy()
+        self.open = np.flatnonzero(open_.numpy())
+
+    def root(self) -> np.ndarray:
+        return self.open
+
+    def child(self, node: np.ndarray, slot: int, depth: int) -> np.ndarray:
+        return node[node != slot]
+
+    def slot_probs(self, node: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        w = np.zeros((1, self.conf.shape[0]), dtype=np.float32)
+        w[0, node] = self.conf[node]
+        wt = torch.from_numpy(w)
+        return node, (wt / wt.sum(dim=-1, keepdim=True).clamp_min(1e-30))[0].numpy()[node]
 
 
 @dataclass(frozen=True)
@@ -123,10 +146,10 @@ class GrownTree:
 
 
 class DepthMapPaths:
-    """`Paths` over an order source that scores depth maps (stale confidence, an order model on an accelerator):
-    a node is its depth map, each expansion one `probs` call on it."""
+    """`Paths` over a learned order model that scores depth maps (off the CPU, or the per-node architecture): a
+    node is its depth map, each expansion one `LearnedOrder.probs` call on it."""
 
-    def __init__(self, order: OrderSource, prep: Any, ctx: RoundContext) -> None:
+    def __init__(self, order: LearnedOrder, prep: Any, ctx: RoundContext) -> None:
         self.order, self.prep, self.ctx = order, prep, ctx
         self.slots = np.arange(int(ctx.state.shape[0]))
 
@@ -143,8 +166,7 @@ class DepthMapPaths:
 
 
 class TreeProposer:
-    """The best-first tree (`best_first.grow_best_first`) over an order source: the learned order model's host
-    tables where it runs on the CPU, depth maps otherwise."""
+    """The best-first tree (`best_first.grow_best_first`) over an order source's `Paths`."""
 
     def __init__(self, order: OrderSource, cfg: TreeConfig) -> None:
         self.order = order
@@ -167,7 +189,7 @@ class TreeProposer:
         if ctx.stale is None:
             return GrownTree(DraftTree.empty())  # a block's first round: no stale conditionals to draft from
         prep = ctx.prepared if ctx.prepared is not None else self.order.begin(ctx)
-        paths = prep if isinstance(prep, HostTables) else DepthMapPaths(self.order, prep, ctx)
+        paths = self.order.paths(prep, ctx)
         hyp_tok, hyp_p = token_hypotheses(ctx, self.cfg.hedge_below)
         chosen, cand = grow_best_first(paths, hyp_tok.numpy(), hyp_p.double().numpy(), int(ctx.eligible.sum()),
                                        self.cfg.budget, self.cfg.gamma, self.cfg.chain, self._size())
