@@ -179,3 +179,48 @@ def test_pad_rows_makes_every_forward_one_shape_and_changes_nothing():
     with pytest.raises(ValueError, match="pad_rows"):
         decode(adapter, [7], DecodeConfig(max_gen_toks=L, pad_rows=3), 3,
                proposer=SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=5)))
+
+
+def test_a_shared_forwards_time_is_split_among_its_requests_by_rows(monkeypatch):
+    """What each request reports as its round's cost in a batch (`shared_round_ran`, what budget=auto learns
+    from) is its own host work plus its rows' share of the shared forward: over one step the shares add up to the
+    forward's time, nothing counted twice. A fake clock (batch.py's) moves only inside the forward, by 1 s."""
+    import lm_eval_spot.decoding.batch as batch_mod
+    from lm_eval_spot.decoding.loop import RequestDecode
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(batch_mod, "time", clock)
+    L = 8
+    adapter = adapter_for(L, seed=3, scale=1.0)
+    inner = adapter.forward_many
+
+    def slow_forward(calls):
+        clock.now += 1.0
+        return inner(calls)
+
+    monkeypatch.setattr(adapter, "forward_many", slow_forward)
+    seen: dict[float, list[tuple[int, float]]] = {}
+    real = RequestDecode.shared_round_ran
+
+    def spy(self, ms):
+        seen.setdefault(clock.now, []).append((self.rows, ms))
+        return real(self, ms)
+
+    monkeypatch.setattr(RequestDecode, "shared_round_ran", spy)
+    torch.manual_seed(0)
+    prop = SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=5))
+    decode_many(adapter, jobs_for(L, 0.0, prop, n=5), batch_size=3)
+    uneven = 0
+    for step, shares in seen.items():
+        assert sum(ms for _, ms in shares) == pytest.approx(1000.0), step
+        total = sum(r for r, _ in shares)
+        for rows, ms in shares:
+            assert ms == pytest.approx(1000.0 * rows / total)
+        uneven += len({r for r, _ in shares}) > 1
+    assert len(seen) > 5 and uneven > 0  # steps whose requests drafted different row counts were checked
