@@ -14,31 +14,27 @@ from lm_eval.api.model import LM
 from tqdm import tqdm
 
 from lm_eval_spot import __version__
-from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot.batch_size import auto_batch_size
 from lm_eval_spot.budget import MAX_BUDGET
 from lm_eval_spot.cards import parse_model_args
 from lm_eval_spot.chat import apply_chat, chat_template_of, tokenizer_name
 from lm_eval_spot.config import SpotArgs, default_graph_path, merge_harness_args, shipped_drafter_path
-from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
-from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult, NonFiniteLogitsError
+from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult
 from lm_eval_spot.decoding.noise import mix_seed
-from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
 from lm_eval_spot.drafter.online import OnlineAdapter, adapt_across_ranks, online_adapter_for
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.families import load_target
 from lm_eval_spot.families.common import with_concrete_dtype
-from lm_eval_spot.errors import preview
 from lm_eval_spot.jobs import Job, RequestError, plan_jobs
 from lm_eval_spot.likelihood.harness import format_likelihood
 from lm_eval_spot.likelihood.runner import LikelihoodRunner, RunnerSetup
 from lm_eval_spot.methods import build_proposer
-from lm_eval_spot.metrics import PairedStats, RunStats, format_summary, nfe_by_tenth
+from lm_eval_spot.generation import GenerationRunner, GenerationSetup
+from lm_eval_spot.metrics import PairedStats, RunStats, format_summary
 from lm_eval_spot.modes import MODES
 from lm_eval_spot.request_cache import RequestCache, run_fingerprint
 from lm_eval_spot.run_report import RankPart, merge_ranks, run_summary, sample_entry, sample_stats
-from lm_eval_spot.stopping import cut_text, make_stop_check
 from lm_eval_spot.threads import choose_threads, decoding_threads, default_thread_counts
 from lm_eval_spot.tokens import TextDecoder
 
@@ -75,7 +71,6 @@ class SpotDLM(LM):
                        "block_len": self.adapter.info.block_len, "mask_id": self.adapter.info.mask_id,
                        "stop_ids": sorted(self.adapter.info.stop_ids), "dtype": self.args.dtype}
         self.base_seed = self.args.seed if self.args.seed is not None else int(torch.initial_seed())
-        self.oracle = self.args.mode == "oracle"
         choice = build_proposer(self.args, self.adapter)
         self.proposer, self.drafter_path, self.drafter_note = choice.proposer, choice.drafter, choice.note
         if self.drafter_path is not None and self.drafter_path.resolve() == shipped_drafter_path("transfer").resolve():
@@ -83,22 +78,22 @@ class SpotDLM(LM):
                      "outputs stay exact; a drafter trained on this target accepts more drafts: add "
                      "drafter_data=FOLDER to any run (control included), then python -m lm_eval_spot.drafter.train "
                      "train --data FOLDER --out D", self.args.mode, self.args.pretrained)
-        self.recording = (DrafterDataWriter(Path(self.args.drafter_data), self.args.pretrained,
-                                            self.adapter.info.block_len, self.adapter.info.mask_id, self.rank)
-                          if self.args.drafter_data else None)
-        self.online = self._online_adapter()
+        recording = (DrafterDataWriter(Path(self.args.drafter_data), self.args.pretrained,
+                                       self.adapter.info.block_len, self.adapter.info.mask_id, self.rank)
+                     if self.args.drafter_data else None)
+        online = online_adapter_for(self.args, self.proposer, self.drafter_path,
+                                    mix_seed(self.base_seed, "adapt", self.rank) & 0xFFFFFFFF)
         self._gathered_adapt: dict[str, Any] | None = None
-        self._adapt_observe_s = 0.0  # recording's share of the decodes' time, for the adaptation's cost
         drafting = self.args.mode != "control"
-        self.stats = RunStats(mode=self.args.mode, budget=self.args.budget if drafting else None,
-                              exact_prefix_cache=self.adapter.info.exact_prefix_cache,
-                              batch_size=self.args.batch_size)
+        stats = RunStats(mode=self.args.mode, budget=self.args.budget if drafting else None,
+                         exact_prefix_cache=self.adapter.info.exact_prefix_cache, batch_size=self.args.batch_size)
         # The oracle needs the control run of each request anyway: it is always paired.
-        paired = drafting and (self.args.control == "paired" or self.oracle)
-        self.paired = PairedStats() if paired else None
+        paired = drafting and (self.args.control == "paired" or self.args.mode == "oracle")
+        self.generation = GenerationRunner(
+            GenerationSetup(self.adapter, self.args, self.proposer, self.decode_ids, recording, online), stats,
+            PairedStats() if paired else None)
         self._auto_bs: int | None = None
         self._auto_lik_bs: int | None = None
-        self._decode_s = 0.0  # wall time of the method's own decoding calls (chunks, not requests), running total
         # Per request, in lm-eval's request order: joined with its samples file by `prompt_hash` (compare.py).
         self.sample_log: list[dict[str, Any]] = []
         # Every rank's statistics, gathered at the end of each generate_until (None: single process).
@@ -158,7 +153,8 @@ class SpotDLM(LM):
         # lm-eval's padding copies (multi-process runs) are answered with the real request's text, never decoded
         # or counted: the summed statistics then equal a single-process run's.
         t_call = time.perf_counter()
-        decode_s = self._decode_s
+        gen = self.generation
+        decode_s = gen.decode_s
         n_pad = padding_count(requests) if self.ranks.distributed else 0
         real = requests[: len(requests) - n_pad]
         # Every request is validated before the first one is decoded: nothing half-done on bad input.
@@ -170,7 +166,7 @@ class SpotDLM(LM):
             for c, start in enumerate(range(0, len(jobs), bs)):
                 chunk = jobs[start : start + bs]
                 # With paired control, which of the two runs first alternates per chunk: machine drift cancels.
-                done = self._generate_chunk(chunk, c % 2 == 1)
+                done = gen.run_chunk(chunk, c % 2 == 1)
                 for k, (job, (text, result)) in enumerate(zip(chunk, done, strict=True)):
                     out[start + k] = text
                     self._record(result, job.cfg)
@@ -179,48 +175,32 @@ class SpotDLM(LM):
                     bar.update(1)
                 bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
         bar.close()
-        if self.recording is not None:
-            self.recording.flush()
-            r = self.recording.summary()
-            log.info("spot-dlm: drafter_data: %d requests, %d commits in %d shards (%.1f MB) in %s; recording took "
-                     "%.2f s, %.1f%% of this process's decoding time", r["requests"], r["commits"], r["shards"],
-                     r["bytes"] / 1e6, r["folder"], r["seconds"], 100 * r["seconds"] / max(self._decode_s, 1e-9))
-        if self.online is not None and self.args.drafter_out:
-            self._save_adapted()
+        gen.end_call(Path(self.args.drafter_out).expanduser() if self.args.drafter_out else None,
+                     self.args.pretrained, f"rank_{self.rank}" if self.ranks.distributed else None)
         if jobs:
-            self.stats.add_call(time.perf_counter() - t_call, self._decode_s - decode_s)
+            self.stats.add_call(time.perf_counter() - t_call, gen.decode_s - decode_s)
         # Multi-process runs log the summed summary at lm-eval's barrier, which every rank reaches (a rank whose
         # requests all came from --use_cache never calls this method).
         if jobs and not self.ranks.distributed:
             self._log_summary()
         return out + [out[-1]] * n_pad if out else out
 
-    def _online_adapter(self) -> OnlineAdapter | None:
-        seed = mix_seed(self.base_seed, "adapt", self.rank) & 0xFFFFFFFF
-        return online_adapter_for(self.args, self.proposer, self.drafter_path, seed)
+    # The generation runner's state, as the rest of the class (and its users) read it.
+    @property
+    def stats(self) -> RunStats:
+        return self.generation.stats
 
-    def _save_adapted(self) -> None:
-        """drafter_out: the adapted drafter as a drafter folder (each rank its own, under rank_N, with several)."""
-        assert self.online is not None and self.args.drafter_out
-        folder = Path(self.args.drafter_out).expanduser()
-        if self.ranks.distributed:
-            folder = folder / f"rank_{self.rank}"
-        self.online.save(folder, self.args.pretrained, self.adapter.info.block_len)
-        log.info("spot-dlm: drafter_out: the adapted drafter (%d examples, %d update steps) is in %s; the next run "
-                 "loads it with drafter=%s", self.online.examples, self.online.steps, folder, folder)
+    @property
+    def paired(self) -> PairedStats | None:
+        return self.generation.paired
 
-    def _adapt_summary(self) -> dict[str, Any] | None:
-        """This rank's adaptation: what it learned from, what it cost, and the NFE curve by tenth of its run."""
-        if self.online is None:
-            return None
-        out = self.online.summary()
-        out["recording_s"] = round(self._adapt_observe_s, 3)
-        # Of the method's own decoding time (adaptation included; paired control's decodes are not the method's).
-        wall = self.stats.decode_wall_s
-        out["share_of_wall"] = (self.online.seconds + self._adapt_observe_s) / wall if wall > 0 else None
-        out["nfe_by_tenth"] = nfe_by_tenth([smp.nfe for smp in self.stats.samples])
-        out["rank"] = self.rank
-        return out
+    @property
+    def online(self) -> OnlineAdapter | None:
+        return self.generation.online
+
+    @property
+    def recording(self) -> DrafterDataWriter | None:
+        return self.generation.recording
 
     def _log_summary(self) -> None:
         self._summary_logged = True
@@ -234,7 +214,7 @@ class SpotDLM(LM):
 
     def _own_part(self) -> RankPart:
         return RankPart(self.stats, self.paired, self.sample_log, self._cache_served(), self.likelihood.stats,
-                        self.likelihood.samples, self._adapt_summary())
+                        self.likelihood.samples, self.generation.adapt_summary(self.rank))
 
     def _pad_rows(self) -> int:
         """batch_invariant: every forward carries 1 + the largest budget rows (budget=auto's largest is 20)."""
@@ -263,53 +243,6 @@ class SpotDLM(LM):
             self._auto_bs = auto_batch_size(self.adapter, rows, self.args.max_batch_size)
         return self._auto_bs
 
-    def _generate_chunk(self, chunk: list[Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
-        """Decode a chunk of requests together; with paired control, also decode them draft-free (the oracle
-        drafts from that control run's commits)."""
-        if self.paired is None:
-            return self._timed_decode(chunk, [self.proposer] * len(chunk))
-        if self.oracle:
-            logs = [CommitLog() for _ in chunk]
-            control = self._decode_jobs(chunk, [None] * len(chunk), logs)
-            assert isinstance(self.args.budget, int)
-            drafted = self._timed_decode(chunk, [OracleProposer(log_, self.args.budget) for log_ in logs])
-            for d, c in zip(drafted, control, strict=True):
-                self.paired.add(d[1], c[1])
-            return drafted
-        runs = {}
-        for use_proposer in (False, True) if control_first else (True, False):
-            runs[use_proposer] = (self._timed_decode(chunk, [self.proposer] * len(chunk)) if use_proposer
-                                  else self._decode_jobs(chunk, [None] * len(chunk)))
-        for d, c in zip(runs[True], runs[False], strict=True):
-            self.paired.add(d[1], c[1])
-        return runs[True]
-
-    def _timed_decode(self, chunk: list[Job], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
-        """The method's own decoding of a chunk, its wall time added to the run's decoding time (with
-        drafter_data, its commits recorded; with online adaptation, the drafter trained on them once the chunk is
-        done: both costs are part of the time it adds)."""
-        t0 = time.perf_counter()
-        # One recorder per request feeds both (ids unique over the run: the buffer and the shards tell requests apart).
-        source = self.recording if self.recording is not None else self.online
-        recs = [source.recorder() for _ in chunk] if source is not None else None
-        tally = StepTally()
-        out = self._decode_jobs(chunk, proposers, recs, tally)
-        self.stats.add_steps(tally.steps, tally.forwards)  # the method's own decoding only (not paired control's)
-        if recs is not None:
-            for rec, (_, res) in zip(recs, out, strict=True):
-                t1 = time.perf_counter()
-                records = rec.result(self.adapter.info.mask_id)
-                spent = time.perf_counter() - t1
-                if self.recording is not None:
-                    self.recording.add_records(records, res.observe_s + spent)
-                if self.online is not None:
-                    self.online.add(records)
-                    self._adapt_observe_s += res.observe_s + spent
-        if self.online is not None:
-            self.online.update()  # between chunks: every round of the next chunk reads the new weights
-        self._decode_s += time.perf_counter() - t0
-        return out
-
     def _plan(self, requests: list[Any]) -> list[Job]:
         return plan_jobs(requests, self.encode, self.tokenizer, self.adapter.info, self.args, self.base_seed,
                          self._pad_rows())
@@ -320,29 +253,6 @@ class SpotDLM(LM):
 
     def decode_ids(self, ids: list[int]) -> str:
         return self.text(ids)
-
-    def _decode_jobs(
-        self, chunk: list[Job], proposers: list[Proposer | None], observers: list[Any] | None = None,
-        tally: StepTally | None = None,
-    ) -> list[tuple[str, DecodeResult]]:
-        """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`;
-        `tally` adds the steps and model forwards run."""
-        jobs = [
-            DecodeJob(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(self.decode_ids, job.until),
-                      for_request(prop), observers[i] if observers else None,
-                      self.args.verify if prop is not None else "coupled")
-            for i, (job, prop) in enumerate(zip(chunk, proposers, strict=True))
-        ]
-        try:
-            results = decode_many(self.adapter, jobs, batch_size=len(jobs), tally=tally)
-        except NonFiniteLogitsError as err:
-            from lm_eval.utils import hash_string
-
-            job = chunk[err.request or 0]
-            raise err.with_message(
-                f"spot-dlm: {err} while decoding the request whose prompt ends {preview(job.context)} "
-                f"(prompt_hash {hash_string(job.context)}); nothing of this run was written") from None
-        return [(cut_text(self.decode_ids(r.token_ids), job.until), r) for job, r in zip(chunk, results, strict=True)]
 
     def _record(self, r: DecodeResult, cfg: DecodeConfig) -> None:
         self.stats.add(sample_stats(r, self.text.count_unknown(r.token_ids)), cfg.temperature, cfg.top_k, cfg.top_p)

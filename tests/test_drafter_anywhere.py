@@ -70,7 +70,7 @@ def test_a_control_run_records_what_collect_records(tiny_target_dir, tmp_path):
     assert meta["block_len"] == 8
     summary = lm.recording.summary()
     assert summary["commits"] == len(rec["pos"]) and summary["requests"] == len(PROMPTS)
-    assert 0 < summary["seconds"] < lm._decode_s  # recording's own time, a part of the decoding it rode on
+    assert 0 < summary["seconds"] < lm.generation.decode_s  # recording's own time, a part of the decoding it rode on
 
 
 @pytest.mark.parametrize("T,batch_size", [(0.0, 1), (1.0, 2)])

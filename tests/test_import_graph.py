@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("decoding", "adapters", "batch_size"),
     ("drafter", "baselines.rank_graph", "baselines.oracle", "budget"),
     ("families", "cards"),
-    ("likelihood", "methods", "jobs", "run_report", "chat"),
+    ("likelihood", "methods", "jobs", "run_report", "chat", "generation"),
     ("lm", "check", "registration", "_boot", "drafter.train", "baselines.graph", "likelihood.timing",
      "likelihood.variance", "research"),
 ]

@@ -18,6 +18,7 @@ from lm_eval_spot.drafter.data import TrajectoryRecorder
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import DrafterMeta, load_drafter, save_drafter
 from lm_eval_spot.drafter.proposer import LearnedOrder
+from lm_eval_spot.generation import GenerationRunner
 from lm_eval_spot.lm import SpotDLM
 from lm_eval_spot.metrics import format_summary, nfe_by_tenth
 
@@ -141,7 +142,7 @@ def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
     lm = SpotDLM(pretrained=str(tiny_target_dir), adapt="online", seed=1, batch_size=8)
     seen: list[tuple[int, int]] = []  # (chunk, version) per round that drafted
     chunk = [-1]
-    begin, timed = LearnedOrder.begin, SpotDLM._timed_decode
+    begin, timed = LearnedOrder.begin, GenerationRunner._timed_decode
 
     def spy_begin(self, ctx):
         seen.append((chunk[0], lm.online.version))
@@ -157,7 +158,7 @@ def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
 
     monkeypatch.setattr(LearnedOrder, "begin", spy_begin)
     monkeypatch.setattr(LearnedOrder, "prepare_many", spy_prepare_many)
-    monkeypatch.setattr(SpotDLM, "_timed_decode", spy_timed)
+    monkeypatch.setattr(GenerationRunner, "_timed_decode", spy_timed)
     lm.generate_until(_short(24))
     by_chunk: dict[int, set[int]] = {}
     for c, v in seen:

@@ -1,0 +1,161 @@
+"""Generation requests' decoding for the `spot-dlm` model: chunks of planned jobs through the batched decoder, the
+paired control run, and what rides on the method's own decodes (drafter-data recording, online adaptation), timed
+and counted into the run's statistics. `lm.py` keeps lm-eval's interface around it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
+from lm_eval_spot.config import SpotArgs
+from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
+from lm_eval_spot.decoding.loop import DecodeResult, NonFiniteLogitsError
+from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.drafter.online import OnlineAdapter
+from lm_eval_spot.drafter.recording import DrafterDataWriter
+from lm_eval_spot.errors import preview
+from lm_eval_spot.jobs import Job
+from lm_eval_spot.metrics import PairedStats, RunStats, nfe_by_tenth
+from lm_eval_spot.stopping import cut_text, make_stop_check
+
+log = logging.getLogger("lm_eval.spot")
+
+
+@dataclass(frozen=True)
+class GenerationSetup:
+    adapter: TargetAdapter
+    args: SpotArgs
+    proposer: Proposer | None  # None: control
+    decode_ids: Callable[[list[int]], str]
+    recording: DrafterDataWriter | None  # drafter_data=
+    online: OnlineAdapter | None  # adapt=online
+
+
+class GenerationRunner:
+    """Decodes chunks of jobs; keeps the method's decoding time and its recording / adaptation costs."""
+
+    def __init__(self, setup: GenerationSetup, stats: RunStats, paired: PairedStats | None) -> None:
+        self.setup = setup
+        self.stats = stats
+        self.paired = paired  # with control=paired (always for the oracle): each request decoded draft-free too
+        self.oracle = setup.args.mode == "oracle"
+        self.decode_s = 0.0  # wall time of the method's own decoding calls (chunks, not requests), running total
+        self.adapt_observe_s = 0.0  # recording's share of the decodes' time, for the adaptation's cost
+
+    @property
+    def online(self) -> OnlineAdapter | None:
+        return self.setup.online
+
+    @property
+    def recording(self) -> DrafterDataWriter | None:
+        return self.setup.recording
+
+    def run_chunk(self, chunk: list[Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
+        """Decode a chunk of requests together; with paired control, also decode them draft-free (the oracle
+        drafts from that control run's commits)."""
+        proposer = self.setup.proposer
+        if self.paired is None:
+            return self._timed_decode(chunk, [proposer] * len(chunk))
+        if self.oracle:
+            logs = [CommitLog() for _ in chunk]
+            control = self._decode_jobs(chunk, [None] * len(chunk), logs)
+            budget = self.setup.args.budget
+            assert isinstance(budget, int)
+            drafted = self._timed_decode(chunk, [OracleProposer(log_, budget) for log_ in logs])
+            for d, c in zip(drafted, control, strict=True):
+                self.paired.add(d[1], c[1])
+            return drafted
+        runs = {}
+        for use_proposer in (False, True) if control_first else (True, False):
+            runs[use_proposer] = (self._timed_decode(chunk, [proposer] * len(chunk)) if use_proposer
+                                  else self._decode_jobs(chunk, [None] * len(chunk)))
+        for d, c in zip(runs[True], runs[False], strict=True):
+            self.paired.add(d[1], c[1])
+        return runs[True]
+
+    def _timed_decode(self, chunk: list[Job], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
+        """The method's own decoding of a chunk, its wall time added to the run's decoding time (with
+        drafter_data, its commits recorded; with online adaptation, the drafter trained on them once the chunk is
+        done: both costs are part of the time it adds)."""
+        t0 = time.perf_counter()
+        recording, online = self.recording, self.online
+        # One recorder per request feeds both (ids unique over the run: the buffer and the shards tell requests apart).
+        source = recording if recording is not None else online
+        recs = [source.recorder() for _ in chunk] if source is not None else None
+        tally = StepTally()
+        out = self._decode_jobs(chunk, proposers, recs, tally)
+        self.stats.add_steps(tally.steps, tally.forwards)  # the method's own decoding only (not paired control's)
+        if recs is not None:
+            for rec, (_, res) in zip(recs, out, strict=True):
+                t1 = time.perf_counter()
+                records = rec.result(self.setup.adapter.info.mask_id)
+                spent = time.perf_counter() - t1
+                if recording is not None:
+                    recording.add_records(records, res.observe_s + spent)
+                if online is not None:
+                    online.add(records)
+                    self.adapt_observe_s += res.observe_s + spent
+        if online is not None:
+            online.update()  # between chunks: every round of the next chunk reads the new weights
+        self.decode_s += time.perf_counter() - t0
+        return out
+
+    def _decode_jobs(
+        self, chunk: list[Job], proposers: list[Proposer | None], observers: list[Any] | None = None,
+        tally: StepTally | None = None,
+    ) -> list[tuple[str, DecodeResult]]:
+        """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`;
+        `tally` adds the steps and model forwards run."""
+        decode_ids = self.setup.decode_ids
+        jobs = [
+            DecodeJob(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(decode_ids, job.until),
+                      for_request(prop), observers[i] if observers else None,
+                      self.setup.args.verify if prop is not None else "coupled")
+            for i, (job, prop) in enumerate(zip(chunk, proposers, strict=True))
+        ]
+        try:
+            results = decode_many(self.setup.adapter, jobs, batch_size=len(jobs), tally=tally)
+        except NonFiniteLogitsError as err:
+            from lm_eval.utils import hash_string
+
+            job = chunk[err.request or 0]
+            raise err.with_message(
+                f"spot-dlm: {err} while decoding the request whose prompt ends {preview(job.context)} "
+                f"(prompt_hash {hash_string(job.context)}); nothing of this run was written") from None
+        return [(cut_text(decode_ids(r.token_ids), job.until), r) for job, r in zip(chunk, results, strict=True)]
+
+    def end_call(self, drafter_out: Path | None, target: str, rank_folder: str | None) -> None:
+        """After a generate_until call: drafter_data's shards flushed (and what recording cost logged); with
+        drafter_out, the adapted drafter written (under `rank_folder` when several processes adapt)."""
+        recording, online = self.recording, self.online
+        if recording is not None:
+            recording.flush()
+            r = recording.summary()
+            log.info("spot-dlm: drafter_data: %d requests, %d commits in %d shards (%.1f MB) in %s; recording took "
+                     "%.2f s, %.1f%% of this process's decoding time", r["requests"], r["commits"], r["shards"],
+                     r["bytes"] / 1e6, r["folder"], r["seconds"], 100 * r["seconds"] / max(self.decode_s, 1e-9))
+        if online is not None and drafter_out is not None:
+            folder = drafter_out / rank_folder if rank_folder else drafter_out
+            online.save(folder, target, self.setup.adapter.info.block_len)
+            log.info("spot-dlm: drafter_out: the adapted drafter (%d examples, %d update steps) is in %s; the next "
+                     "run loads it with drafter=%s", online.examples, online.steps, folder, folder)
+
+    def adapt_summary(self, rank: int) -> dict[str, Any] | None:
+        """This rank's adaptation: what it learned from, what it cost, and the NFE curve by tenth of its run."""
+        online = self.online
+        if online is None:
+            return None
+        out = online.summary()
+        out["recording_s"] = round(self.adapt_observe_s, 3)
+        # Of the method's own decoding time (adaptation included; paired control's decodes are not the method's).
+        wall = self.stats.decode_wall_s
+        out["share_of_wall"] = (online.seconds + self.adapt_observe_s) / wall if wall > 0 else None
+        out["nfe_by_tenth"] = nfe_by_tenth([smp.nfe for smp in self.stats.samples])
+        out["rank"] = rank
+        return out
