@@ -97,13 +97,13 @@ def _close_group() -> None:
     the ranks first meet at a bounded barrier, then close."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
-    try:
-        if torch.distributed.get_backend() == "gloo":
+    # gloo only (the abort was seen there; its monitored barrier has a timeout of its own, NCCL's would wait for
+    # the group's year-long one if a peer died).
+    if torch.distributed.get_backend() == "gloo":
+        try:
             torch.distributed.monitored_barrier(timeout=EXIT_WAIT)
-        else:
-            torch.distributed.barrier()
-    except Exception as exc:  # noqa: BLE001 (a peer that died must not hide this rank's own exit status)
-        log.warning("spot-dlm: ranks did not meet at exit (%s); closing the process group anyway", exc)
+        except Exception as exc:  # noqa: BLE001 (a peer that died must not hide this rank's own exit status)
+            log.warning("spot-dlm: ranks did not meet at exit (%s); closing the process group anyway", exc)
     torch.distributed.destroy_process_group()
 
 

@@ -109,3 +109,36 @@ def test_two_ranks_adapt_independently_exactly_and_report_each_rank(tmp_path):
     a = s2["adapt"]
     assert a["ranks"] == "independent" and [r["rank"] for r in a["per_rank"]] == [0, 1]
     assert [r["requests"] for r in a["per_rank"]] == [3, 2] and a["requests"] == LIMIT
+
+
+_EXIT_CHILD = r"""
+import atexit, sys, time
+import torch.distributed as dist
+from lm_eval_spot.distributed import _close_group
+
+rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+atexit.register(lambda: open(f"{out}/closed_{rank}", "w").write(repr(time.time())))  # runs after the close
+atexit.register(_close_group)
+if rank == 0:
+    time.sleep(2.0)  # rank 0 still writes results while rank 1 is done
+open(f"{out}/done_{rank}", "w").write(repr(time.time()))
+"""
+
+
+def test_a_finished_rank_closes_the_group_only_with_the_others(tmp_path):
+    """At exit the ranks meet before closing gloo's connections (a rank that closed them while rank 0 still held
+    them open aborted in the C++ teardown once in CI): rank 1, done 2 s early, closes after rank 0 is done too."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", _EXIT_CHILD, str(r), str(port), str(tmp_path)], env=_env(),
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    stamp = {f.name: float(f.read_text()) for f in tmp_path.iterdir()}
+    assert stamp["done_1"] < stamp["done_0"] - 1.0  # rank 1 really was done first
+    assert stamp["closed_1"] >= stamp["done_0"]  # and waited for rank 0 before closing
