@@ -47,14 +47,7 @@ class GenerationRunner:
         self.oracle = setup.args.mode == "oracle"
         self.decode_s = 0.0  # wall time of the method's own decoding calls (chunks, not requests), running total
         self.adapt_observe_s = 0.0  # recording's share of the decodes' time, for the adaptation's cost
-
-    @property
-    def online(self) -> OnlineAdapter | None:
-        return self.setup.online
-
-    @property
-    def recording(self) -> DrafterDataWriter | None:
-        return self.setup.recording
+        self.online, self.recording = setup.online, setup.recording
 
     def run_chunk(self, chunk: list[Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
         """Decode a chunk of requests together; with paired control, also decode them draft-free (the oracle
