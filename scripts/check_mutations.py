@@ -69,7 +69,7 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("budget=auto's stopping rule ignores the calibration factors", "lm_eval_spot/budget/proposer.py",
      "hope = mass * self.top_factor", "hope = mass"),
     ("budget=auto's cut forgets the drafting time spent", "lm_eval_spot/budget/proposer.py",
-     "spent = self._sizer.spent if self._sizer is not None else self._spent", "spent = self._spent"),
+     "spent = self._sizer.spent  #", "spent = self.costs.prepare_ms  #"),
     # (The earlier form of this one, `timed=True` for batched requests, is equivalent: `shared_round_ran` then
     # overwrites the round's own timing anyway; on the old machine it only looked caught through a test that
     # failed without it.)

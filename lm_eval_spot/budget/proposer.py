@@ -70,7 +70,6 @@ class AutoBudgetProposer(TreeProposer):
         self.pending_costs = RoundCosts(costs, size)
         self._table = self.round_costs.table
         self._propose_ms = 0.0  # this request's previous propose() (what its round time less the rest is)
-        self._spent = 0.0
         # Tree bookkeeping per expanded node (ms), learned online: the start-up curve times the order model alone.
         # The median of recent rounds: a mean let one round stalled by another process inflate the estimate, and
         # rounds that then drafted nothing never measured it down again.
@@ -140,7 +139,6 @@ class AutoBudgetProposer(TreeProposer):
         return mass * self._factor[min(depth, len(self._factor) - 1)] * self._req_scale
 
     def _propose(self, ctx: RoundContext) -> GrownTree:
-        self._spent = self.costs.prepare_ms
         self._retry = False
         if not self._root_pays():
             # Skipped rounds measure nothing, so an overhead learned while another process held the cores would
@@ -179,6 +177,7 @@ class AutoBudgetProposer(TreeProposer):
 
     def _finish(self, selected: list[int], mass: list[float], depth: list[int]) -> list[int]:
         # `selected` is in raw-mass order, parents before children: every prefix is a tree.
-        spent = self._sizer.spent if self._sizer is not None else self._spent
+        assert self._sizer is not None  # grow() asked `_size` for this round's stopping rule
+        spent = self._sizer.spent  # the round's drafting time: its features and every expansion
         d, _ = best_cut([self._value(mass[c], depth[c]) for c in selected], self._table, spent)
         return selected[:d]
