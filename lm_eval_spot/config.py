@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ CACHES = ("none", "approx")
 MASK_SHARING = ("common", "independent")
 GREEDY_OPTIONS = ("auto", "always", "never")
 ADAPT_OPTIONS = ("auto", "online", "off")
+ORACLE_BUDGET = 8  # mode=oracle's budget when none is given (the ceiling is measured at a fixed budget)
 
 
 # Arguments lm-eval passes on its own (from --device, --batch_size, --max_batch_size) next to --model_args.
@@ -128,7 +129,9 @@ class SpotArgs:
     trust_remote_code: bool = False
     seed: int | None = None  # base seed of the noise rows; default: the seed lm-eval gave torch
     drafter: str | None = None  # drafter folder; default: the shipped one (drafting modes only)
-    budget: int | str = 8  # D: drafted states verified per round, or "auto" (chosen per round from measured costs)
+    # "auto" (the default): each step chooses every request's drafted states, 0 included, from measured costs
+    # (`decoding.step_policy`); D: a fixed number of drafted states verified per round
+    budget: int | str = "auto"
     gamma: float = 0.05  # mass floor, used by mode=spot-gamma
     control: str = "none"  # "paired": also run control on every request and report exactness and ratios
     graph: str | None = None  # calibrated draft graph (mode=graph); default: the shipped one
@@ -306,11 +309,11 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
             f"spot-dlm: verify=rejection needs a chain (a sequential proposal), not mode={out.mode}; "
             f"accepted: mode in {', '.join(CHAIN_MODES)}, or verify=coupled"
         )
-    if out.budget == "auto" and out.mode not in LEARNED_MODES:
-        raise SpotArgError(
-            f"spot-dlm: budget=auto reads the learned drafter's prefix masses; accepted with mode in "
-            f"{', '.join(LEARNED_MODES)}, or an integer budget"
-        )
+    if out.budget == "auto" and out.mode == "oracle":
+        if raw.get("budget") is not None:
+            raise SpotArgError("spot-dlm: budget=auto is not accepted with mode=oracle (the ceiling is measured at a "
+                               "fixed budget); accepted: an integer budget")
+        out = replace(out, budget=ORACLE_BUDGET)
     if out.mode == "graph":
         graph = Path(out.graph or default_graph_path()).expanduser()
         if not graph.is_file():

@@ -17,6 +17,7 @@ from lm_eval_spot.config import SpotArgs
 from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.decoding.step_policy import StepPolicy
 from lm_eval_spot.drafter.online import OnlineAdapter
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.errors import preview
@@ -35,6 +36,7 @@ class GenerationSetup:
     decode_ids: Callable[[list[int]], str]
     recording: DrafterDataWriter | None  # drafter_data=
     online: OnlineAdapter | None  # adapt=online
+    policy: StepPolicy | None = None  # budget=auto: each step's drafted rows per request
 
 
 class GenerationRunner:
@@ -113,7 +115,10 @@ class GenerationRunner:
             for i, (job, prop) in enumerate(zip(chunk, proposers, strict=True))
         ]
         try:
-            results = decode_many(self.setup.adapter, jobs, batch_size=len(jobs), tally=tally)
+            # The step policy prices the method's own decodes; paired control's rounds draft nothing anyway.
+            drafting = any(prop is not None for prop in proposers)
+            results = decode_many(self.setup.adapter, jobs, batch_size=len(jobs), tally=tally,
+                                  policy=self.setup.policy if drafting and not self.oracle else None)
         except NonFiniteLogitsError as err:
             from lm_eval.utils import hash_string
 

@@ -73,6 +73,7 @@ class SpotDLM(LM):
         self.base_seed = self.args.seed if self.args.seed is not None else int(torch.initial_seed())
         choice = build_proposer(self.args, self.adapter)
         self.proposer, self.drafter_path, self.drafter_note = choice.proposer, choice.drafter, choice.note
+        self.policy = choice.policy  # budget=auto's step policy (None: a fixed budget, or control)
         if self.drafter_path is not None and self.drafter_path.resolve() == shipped_drafter_path("transfer").resolve():
             log.info("spot-dlm: mode=%s drafts with the shipped transfer drafter (trained on tiny targets, not on %s): "
                      "outputs stay exact; a drafter trained on this target accepts more drafts: add "
@@ -90,7 +91,8 @@ class SpotDLM(LM):
         # The oracle needs the control run of each request anyway: it is always paired.
         paired = drafting and (self.args.control == "paired" or self.args.mode == "oracle")
         self.generation = GenerationRunner(
-            GenerationSetup(self.adapter, self.args, self.proposer, self.decode_ids, recording, online), stats,
+            GenerationSetup(self.adapter, self.args, self.proposer, self.decode_ids, recording, online,
+                            self.policy), stats,
             PairedStats() if paired else None)
         self._auto_bs: int | None = None
         self._auto_lik_bs: int | None = None
@@ -217,7 +219,7 @@ class SpotDLM(LM):
                         self.likelihood.samples, self.generation.adapt_summary(self.rank))
 
     def _pad_rows(self) -> int:
-        """batch_invariant: every forward carries 1 + the largest budget rows (budget=auto's largest is 20)."""
+        """batch_invariant: every forward carries 1 + the largest budget rows (budget=auto's: MAX_BUDGET)."""
         if not self.args.batch_invariant:
             return 0
         return 1 + (self.args.budget if isinstance(self.args.budget, int) else MAX_BUDGET)
@@ -238,7 +240,7 @@ class SpotDLM(LM):
         if self.args.batch_size != "auto":
             return int(self.args.batch_size)
         if self._auto_bs is None:
-            budget = self.args.budget if isinstance(self.args.budget, int) else 20
+            budget = self.args.budget if isinstance(self.args.budget, int) else MAX_BUDGET
             rows = 1 if self.args.mode == "control" else 1 + budget
             self._auto_bs = auto_batch_size(self.adapter, rows, self.args.max_batch_size)
         return self._auto_bs
@@ -298,6 +300,8 @@ class SpotDLM(LM):
         adapt = self._gathered_adapt if self._gathered is not None else run.adapt
         summary = run_summary(run, self.target, self.world_size, self.drafter_path, MODES[self.args.mode].learned,
                               self.drafter_note, adapt, self.likelihood.settings)
+        if self.policy is not None:
+            summary["budget_policy"] = self.policy.summary()  # this process's (each rank measures and learns its own)
         if run.served and not self._summary_logged:  # every request came from --use_cache: nothing was decoded
             self._summary_logged = True
             log.info("spot-dlm run summary\n%s", format_summary({k: v for k, v in summary.items()

@@ -9,12 +9,13 @@ from pathlib import Path
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.baselines.rank_graph import GraphProposer, RankGraph
 from lm_eval_spot.config import SpotArgs, default_graph_path, drafter_for
+from lm_eval_spot.budget import MAX_BUDGET, build_policy
 from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.decoding.step_policy import StepPolicy
 from lm_eval_spot.drafter.model import DrafterMismatchError, DrafterModel, load_drafter
 from lm_eval_spot.drafter.proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
 from lm_eval_spot.modes import LEARNED_MODES, MODES
 
-FALLBACK_BUDGET = 8  # conf-tree's budget when a budget=auto run finds no drafter (auto reads a drafter's masses)
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ class ProposerChoice:
     proposer: Proposer | None
     drafter: Path | None  # the drafter folder drafting reads (None: no learned drafter)
     note: str = ""  # why the run drafts without the drafter it would have used ("" when it does not)
+    policy: StepPolicy | None = None  # budget=auto: each step's drafted rows per request (None: a fixed budget)
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class MethodSpec:
 
 
 def make_proposer(spec: MethodSpec, drafter: DrafterModel | None = None, graph: RankGraph | None = None) -> Proposer | None:
-    """The proposer of a fixed-budget mode (None for control; the oracle is built per request, see baselines)."""
+    """The proposer of a mode at budget D (None for control; the oracle is built per request, see baselines).
+    Under budget=auto, D is the deepest tree a round may draft and the step policy chooses below it."""
     m, D = spec.mode, spec.budget
     if m not in MODES:
         raise ValueError(f"unknown mode {m!r}")
@@ -64,8 +67,9 @@ def load_assets(mode: str, drafter_path: Path, graph_path: Path, block_len: int)
     return drafter, graph
 
 
-def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> ProposerChoice:
-    """The run's proposer from the model args (None for control and for the oracle, which is per request).
+def build_proposer(args: SpotArgs, adapter: TargetAdapter, batch_size: int | None = None) -> ProposerChoice:
+    """The run's proposer from the model args (None for control and for the oracle, which is per request), and
+    under budget=auto the step policy, measured at start-up on the adapter's device for `batch_size` requests.
 
     A drafter the user named must load; the default one (`config.drafter_for`) that is missing or does not fit
     the target gives way to conf-tree, the training-free stale-confidence tree, with one warning: the run still
@@ -73,27 +77,29 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter) -> ProposerChoice:
     if args.mode in ("control", "oracle"):
         return ProposerChoice(None, None)
     block_len = adapter.info.block_len
+    auto = args.budget == "auto"
+    budget = MAX_BUDGET if auto else args.budget
+    assert isinstance(budget, int)
     path = drafter_for(args) if args.mode in LEARNED_MODES else None
+    note = ""
     try:
         drafter, graph = load_assets(args.mode, path or Path(), Path(args.graph or default_graph_path()), block_len)
+        mode = args.mode
     except DrafterMismatchError as err:
         if args.drafter is not None:
             raise
-        budget = args.budget if isinstance(args.budget, int) else FALLBACK_BUDGET
         why = str(err).removeprefix("spot-dlm: ")
-        note = f"no shipped drafter fits this target ({why}); drafting with conf-tree at budget {budget}"
+        note = f"no shipped drafter fits this target ({why}); drafting with conf-tree at budget {args.budget}"
         log.warning("spot-dlm: %s: outputs stay exact, fewer drafts are accepted than with a learned drafter", note)
-        return ProposerChoice(make_proposer(MethodSpec("conf-tree", budget)), None, note)
+        drafter, graph, mode, path = None, None, "conf-tree", None
     if drafter is not None and args.drafter_device != "cpu":
         # On the host (the default) the order model runs from its numpy tables, on the summaries the round already
         # brought there: no transfer, no device call per tree level.
         drafter = drafter.to(args.drafter_device)
-    if args.budget == "auto":
-        from lm_eval_spot.budget import AutoBudgetProposer, measure_costs
-
-        assert drafter is not None
-        costs = measure_costs(adapter, drafter, gen_length=args.gen_length or 256)  # lm-eval's usual max_gen_toks
-        cfg = TreeConfig(budget=costs.max_budget, chain=MODES[args.mode].chain)
-        return ProposerChoice(AutoBudgetProposer(LearnedOrder(drafter), cfg, costs), path)
-    assert isinstance(args.budget, int)
-    return ProposerChoice(make_proposer(MethodSpec(args.mode, args.budget, args.gamma), drafter, graph), path)
+    proposer = make_proposer(MethodSpec(mode, budget, args.gamma), drafter, graph)
+    policy = None
+    if auto:
+        n = batch_size or (args.batch_size if isinstance(args.batch_size, int) else args.max_batch_size or 32)
+        assert proposer is not None
+        policy = build_policy(adapter, proposer, n, args.gen_length or 256)  # lm-eval's usual max_gen_toks
+    return ProposerChoice(proposer, path, note, policy)

@@ -224,6 +224,16 @@ def format_summary(summary: dict[str, Any]) -> str:
                                                  f"{a['update_steps']} steps, {a['seconds'] + a['recording_s']:.1f} s"
                                                  f"{share}"))
         rows.append((f"NFE / sample by tenth{rank}", " ".join(f"{x:.1f}" for x in a["nfe_by_tenth"])))
+    pol = summary.get("budget_policy") or {}
+    if pol:
+        shares = pol.get("drafted_rows_share") or {}
+        rows.append(("budget=auto: rounds by drafted rows", ", ".join(f"{d}: {100 * s:.0f}%" for d, s in shares.items())
+                     or "none"))
+        curve = pol.get("cost_curve_ms") or {}
+        shown = [r for r in curve if r in ("1", "2", "4", "8", "16")] + list(curve)[-1:]
+        rows.append(("budget=auto: forward ms by rows (start-up)",
+                     ", ".join(f"{r}: {curve[r]:.2f}" for r in dict.fromkeys(shown))))
+        rows.append(("budget=auto: start-up measurement s", f"{pol.get('startup_s', 0.0):.2f}"))
     if summary.get("drafter_note"):
         rows.append(("NOTE", summary["drafter_note"]))
     if summary.get("prefix_cache") == "approximate":

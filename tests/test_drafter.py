@@ -188,8 +188,8 @@ def test_rejection_verifier_through_the_model_class(tiny_target_dir, random_draf
     assert len(out) == 1 and lm.get_model_info()["spot_args"]["verify"] == "rejection"
     with pytest.raises(SpotArgError, match="verify=rejection needs a chain"):
         SpotDLM(pretrained=str(tiny_target_dir), mode="spot", verify="rejection")
-    with pytest.raises(SpotArgError, match="budget=auto"):
-        SpotDLM(pretrained=str(tiny_target_dir), mode="graph", budget="auto")
+    with pytest.raises(SpotArgError, match="budget=auto is not accepted with mode=oracle"):
+        SpotDLM(pretrained=str(tiny_target_dir), mode="oracle", budget="auto")
 
 
 def test_drafter_arg_errors(tiny_target_dir, tmp_path):

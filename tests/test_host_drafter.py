@@ -214,9 +214,9 @@ def test_the_drafter_stays_on_the_host_whatever_the_target_device():
     from lm_eval_spot.methods import build_proposer
 
     target = SimpleNamespace(info=SimpleNamespace(block_len=32), device=torch.device("meta"))
-    default = build_proposer(parse_args({"mode": "spot"}), target).proposer
+    default = build_proposer(parse_args({"mode": "spot", "budget": 8}), target).proposer
     assert default.order.host is not None and default.order.model.device.type == "cpu"
-    moved = build_proposer(parse_args({"mode": "spot", "drafter_device": "meta"}), target).proposer
+    moved = build_proposer(parse_args({"mode": "spot", "budget": 8, "drafter_device": "meta"}), target).proposer
     assert moved.order.host is None and moved.order.model.device.type == "meta"
     with pytest.raises(SpotArgError, match="drafter_device"):
         parse_args({"drafter_device": "gpu0"})

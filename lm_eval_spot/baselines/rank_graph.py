@@ -83,8 +83,9 @@ class GraphProposer:
         index: dict[tuple[int, ...], int] = {(): 0}
         left_of: dict[tuple[int, ...], list[int]] = {(): ranking}
         parent, pos, toks = [], [], []
+        budget = self.budget if ctx.budget is None else min(self.budget, ctx.budget)
         for node in self.graph.nodes:
-            if len(parent) >= self.budget:
+            if len(parent) >= budget:
                 break
             up = node[:-1]
             if up not in index or node[-1] >= len(left_of[up]):

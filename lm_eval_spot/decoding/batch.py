@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lm_eval_spot.adapters.base import RowsCall, SharesForwards, TargetAdapter
+from lm_eval_spot.decoding.step_policy import RequestPace, StepPolicy, StepView
 from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecode, RoundObserver,
                                         StopCheck, run_round)
 from lm_eval_spot.decoding.proposer import Proposer, prepare_batch
@@ -56,39 +57,55 @@ def decode_many(
     batch_size: int,
     on_done: Callable[[int, DecodeResult], None] | None = None,
     tally: StepTally | None = None,
+    policy: StepPolicy | None = None,
 ) -> list[DecodeResult]:
     """Decode `jobs` with up to `batch_size` of them live at once; results in job order, each equal to what
     `decode` gives for that job alone. `on_done(index, result)` is called as each finishes (progress, caching);
-    `tally` (when given) adds the steps run and the model forwards they made (the adapter's `tally`)."""
+    `tally` (when given) adds the steps run and the model forwards they made (the adapter's `tally`); `policy`
+    (budget=auto) chooses each live request's drafted rows per step, 0 included, and learns from what each step
+    cost and what the verifier accepted."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     results: list[DecodeResult | None] = [None] * len(jobs)
     queue = deque(range(len(jobs)))
-    live: list[tuple[int, RequestDecode]] = []
+    live: list[tuple[int, RequestDecode, RequestPace | None]] = []
+    timed = batch_size > 1 or policy is not None  # each step's forward timed on its own (synchronised)
     while queue or live:
         while queue and len(live) < batch_size:
             i = queue.popleft()
             j = jobs[i]
             live.append((i, RequestDecode(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
-                                          j.verify, timed=batch_size == 1)))
+                                          j.verify, timed=batch_size == 1 and policy is None),
+                         policy.pace() if policy is not None else None))
+        step_t0 = time.perf_counter()
         # Each request's round cost as the batch sees it: its own host work plus its rows' share of the forward
-        # (a proposer that prices rows, budget=auto, learns the shared forward's cost per row from it).
+        # (a proposer that prices rows learns the shared forward's cost per row from it).
         host: dict[int, float] = {}
         going = []
-        for i, req in live:
+        for i, req, pace in live:
             t0 = time.perf_counter()
             if req.start_round():
-                going.append((i, req))
+                going.append((i, req, pace))
             host[i] = time.perf_counter() - t0
+        budgets: list[int | None] = [None] * len(going)
+        if policy is not None:
+            budgets = list(policy.plan([StepView(req.can_draft, req.leads, pace.scale if pace else 1.0)
+                                        for _, req, pace in going]))
+        drafting_s: dict[int, float] = {}
+        for (i, req, _), b in zip(going, budgets, strict=True):
+            t0 = time.perf_counter()
+            req.begin_drafting(b)
+            drafting_s[i] = time.perf_counter() - t0
         # The drafter's per-round work for every drafting request at once (one stacked pass per order source).
         t0 = time.perf_counter()
-        prepared = prepare_batch([(req.proposer, req.draft_ctx) for _, req in going])
+        prepared = prepare_batch([(req.proposer, req.draft_ctx) for _, req, _ in going])
         each = (time.perf_counter() - t0) / max(1, sum(p is not None for p in prepared))
         step = []
-        for (i, req), p in zip(going, prepared, strict=True):
+        for (i, req, pace), p in zip(going, prepared, strict=True):
             t0 = time.perf_counter()
             step.append((i, req, req.plan_round(p)))
-            host[i] += time.perf_counter() - t0 + (each if p is not None else 0.0)
+            drafting_s[i] += time.perf_counter() - t0 + (each if p is not None else 0.0)
+            host[i] += drafting_s[i]
         t0 = time.perf_counter()
         counter = getattr(adapter, "tally", None)
         before = counter.forwards if counter is not None else 0
@@ -96,7 +113,7 @@ def decode_many(
             outs = adapter.forward_many([RowsCall(req.session, st, req.ahead_row) for _, req, st in step])
         else:
             outs = [run_round(req, st) for _, req, st in step]
-        if batch_size > 1:
+        if timed:
             sync(adapter.device)  # the forward's own time (on an accelerator the call returns before it runs)
         forward = time.perf_counter() - t0
         if tally is not None and step:
@@ -109,13 +126,20 @@ def decode_many(
                 req.advance(lg, ahead)
             except NonFiniteLogitsError as err:
                 raise NonFiniteLogitsError(err.block, err.round, request=i) from None  # which job, for the caller
-            if batch_size > 1:
+            if batch_size > 1 and policy is None:
                 own = host[i] + time.perf_counter() - t0
                 req.shared_round_ran(1000 * (own + forward * req.rows / total_rows))
+        if policy is not None and step:
+            drafts = [(req.drafted[-1], 1000 * drafting_s[i]) for i, req, _ in going if req.drafted[-1] > 0]
+            rest = time.perf_counter() - step_t0 - forward - sum(ms for _, ms in drafts) / 1000
+            policy.observe_step(total_rows, 1000 * forward, 1000 * rest, drafts)
+            for (i, req, pace), b in zip(going, budgets, strict=True):
+                assert pace is not None
+                policy.verdict(pace, req.drafting.led, b or 0, req.drafted[-1], req.last_accepted_ranks)
         still = []
-        for i, req in live:
+        for i, req, pace in live:
             if req.result is None:
-                still.append((i, req))
+                still.append((i, req, pace))
                 continue
             results[i] = req.result
             if on_done is not None:

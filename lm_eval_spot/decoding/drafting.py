@@ -26,7 +26,13 @@ def under_lead(tree: DraftTree, lead: tuple[int, int], budget: int | None) -> Dr
     last nodes go, which are leaves (tree order puts parents first, so the rest stays a tree)."""
     keep = max(1, min(tree.size + 1, budget if budget is not None else tree.size))
     parent = ((0,) + tuple(p + 1 for p in tree.parent))[:keep]
-    return DraftTree(parent, ((lead[0],) + tree.pos)[:keep], ((lead[1],) + tree.tok)[:keep])
+    rank = (1,) + tuple(r + 1 for r in tree.ranks())
+    if keep < len(rank):  # the kept nodes renumbered 1 .. keep in their rank order
+        dense = [0] * keep
+        for r, j in enumerate(sorted(range(keep), key=lambda j: rank[j]), start=1):
+            dense[j] = r
+        rank = tuple(dense)
+    return DraftTree(parent, ((lead[0],) + tree.pos)[:keep], ((lead[1],) + tree.tok)[:keep], rank[:keep])
 
 
 def lead(stale: Stale, eligible: torch.Tensor, temp: float) -> tuple[int, int] | None:
@@ -56,12 +62,15 @@ class DraftingPhase:
         self.ctx: RoundContext | None = None  # the round's context until its tree is proposed
         self.stale: Stale | None = None  # the round's stale summary (None when it drafts nothing)
         self._lead: tuple[int, int] | None = None
+        self._budget: int | None = None
         self.asked = self.led = False
 
-    def begin(self, blocks: BlockCursor, stale_src: torch.Tensor | None, fresh: bool, pending: int) -> None:
-        """Set `ctx` for this round, or None when it drafts nothing."""
-        self.asked = self.proposer is not None and (not self.rejection or stale_src is not None)
-        self.stale, self._lead, self.ctx = None, None, None
+    def begin(self, blocks: BlockCursor, stale_src: torch.Tensor | None, fresh: bool, pending: int,
+              budget: int | None = None) -> None:
+        """Set `ctx` for this round, or None when it drafts nothing. budget: the most nodes this round drafts
+        (a per-step policy's choice; None: the proposer's own; 0: none, and no drafter work at all)."""
+        self.asked = self.proposer is not None and (not self.rejection or stale_src is not None) and budget != 0
+        self.stale, self._lead, self.ctx, self._budget = None, None, None, budget
         if not self.asked:
             return
         noise = None if self.rejection else blocks.gumbel
@@ -74,8 +83,10 @@ class DraftingPhase:
             base[edge[0]] = edge[1]
         mask_id = blocks.info.mask_id
         self.stale, self._lead = stale, edge
+        # Under a lead edge the proposer's tree grows below it: one node of the round's budget is the lead's.
+        below = None if budget is None else budget - (edge is not None)
         self.ctx = RoundContext(base, blocks.open_slots(base), base != mask_id, stale, self.temperature, noise,
-                                mask_id, blocks.block, self.prev_path, self.prev_round, pending)
+                                mask_id, blocks.block, self.prev_path, self.prev_round, pending, budget=below)
 
     def propose(self, prepared: object = None) -> DraftTree:
         """The round's tree (empty when it drafts nothing); `prepared`: the order source's per-round work for
@@ -84,9 +95,11 @@ class DraftingPhase:
         if self.ctx is not None:
             assert self.proposer is not None
             ctx = self.ctx if prepared is None else replace(self.ctx, prepared=prepared)
-            tree = self.proposer.propose(ctx)
+            if ctx.budget != 0:  # 0: the lead edge is the whole tree
+                tree = self.proposer.propose(ctx)
             if self._lead is not None:
-                tree = under_lead(tree, self._lead, getattr(self.proposer, "budget", None))
+                budget = self._budget if self._budget is not None else getattr(self.proposer, "budget", None)
+                tree = under_lead(tree, self._lead, budget)
         self.ctx = None
         self.led = self._lead is not None
         return tree

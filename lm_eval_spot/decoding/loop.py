@@ -101,6 +101,7 @@ class RequestDecode:
                                   cfg.temperature, adapter.device)
         self.stops = StopWatch(self.info.stop_ids, stop_check, cfg.max_gen_toks)
         rejection = verify == "rejection" and cfg.temperature > 0  # at T=0 both are the same greedy check
+        self.verifier_kind = "rejection" if rejection else "coupled"
         self.verifier = make_verifier(rejection, seed, cfg, self.link)
         self.drafting = DraftingPhase(proposer, cfg.temperature, cfg.truncation, rejection, self.link)
         self.look = Lookahead(proposer is not None and cfg.lookahead and not cfg.pad_rows
@@ -112,6 +113,7 @@ class RequestDecode:
         self.committed = self.rounds = self._rows = self._pending = 0
         self.drafted: list[int] = []
         self.accepted: list[int] = []
+        self.last_accepted_ranks: tuple[int, ...] = ()
         self.result: DecodeResult | None = None
         self._tree, self._states = DraftTree.empty(), None  # the round in flight (next_states -> advance)
         self._block_begun()
@@ -136,19 +138,38 @@ class RequestDecode:
 
     def next_states(self) -> torch.Tensor | None:
         """The replica states [1 + D, L] of the next round (root first), or None when the request is done."""
-        return self.plan_round() if self.start_round() else None
+        if not self.start_round():
+            return None
+        self.begin_drafting()
+        return self.plan_round()
 
     def start_round(self) -> bool:
-        """Step 1: start the block, and the proposer's context (`draft_ctx`). False once finished. A batch's
-        caller may then compute the drafter's per-round work for all requests at once (`plan_round`)."""
+        """Step 1: start the block. False once finished. Then `begin_drafting` (a per-step policy may first read
+        `can_draft` and `leads` to choose the round's budget)."""
         if self.result is not None:
             return False
         for _ in range(self.blocks.roll()):
             self._block_begun()
         self.clock.start()
         self._pending = int(getattr(self.session, "pending_blocks", 0))
-        self.drafting.begin(self.blocks, self.stale_src, self._fresh, self._pending)
         return True
+
+    @property
+    def can_draft(self) -> bool:
+        """This round has stale conditionals to draft from (a block's first round without lookahead has none)."""
+        return self.proposer is not None and self.stale_src is not None
+
+    @property
+    def leads(self) -> bool:
+        """This round's stale conditionals are the root's own (an exact lookahead's): its tree leads with the
+        target's own transition, a node all but sure to be accepted."""
+        return self._fresh and self.verifier_kind == "coupled"
+
+    def begin_drafting(self, budget: int | None = None) -> None:
+        """The proposer's context for this round (`draft_ctx`). budget: the most nodes it drafts (None: the
+        proposer's own; 0: none, and no drafter work). A batch's caller may then compute the drafter's per-round
+        work for all requests at once (`plan_round`)."""
+        self.drafting.begin(self.blocks, self.stale_src, self._fresh, self._pending, budget)
 
     def plan_round(self, prepared: object = None) -> torch.Tensor:
         """Step 2: the round's forward rows: the proposer's tree (`prepared`: its order source's work for
@@ -189,6 +210,8 @@ class RequestDecode:
         self.rounds += 1
         self.drafted.append(tree.size)
         self.accepted.append(len(verdict.path))
+        ranks = tree.ranks()
+        self.last_accepted_ranks = tuple(ranks[n - 1] for n in verdict.path)  # for a per-step policy's record
         self.stale_src = logits[last]
         self._states = None
         ahead_row = self.look.row is not None

@@ -49,6 +49,9 @@ class RoundContext:
     # The order source's once-per-round work for this context, computed by the caller for a whole batch of
     # requests at once (`drafter.proposer.prepare_batch`); None: the proposer computes it.
     prepared: Any = None
+    # The most nodes this round may draft, when a per-step policy (budget=auto) chose it; None: the proposer's own
+    # budget. Proposers that grow trees (`TreeProposer`) honour it.
+    budget: int | None = None
 
 
 class Proposer(Protocol):
@@ -75,7 +78,7 @@ def prepare_batch(pairs: Sequence[tuple[Any, RoundContext | None]]) -> list[Any]
     out: list[Any] = [None] * len(pairs)
     groups: dict[int, tuple[PreparesInBatches, list[int]]] = {}
     for i, (prop, ctx) in enumerate(pairs):
-        if isinstance(prop, PreparesInBatches) and ctx is not None and ctx.stale is not None:
+        if isinstance(prop, PreparesInBatches) and ctx is not None and ctx.stale is not None and ctx.budget != 0:
             groups.setdefault(id(prop.order), (prop, []))[1].append(i)
     for prop, idx in groups.values():
         if len(idx) > 1:

@@ -59,7 +59,7 @@ def sample_chain_tokens(tree: DraftTree, q: torch.Tensor, gen: torch.Generator) 
     if not tree.size:
         return tree
     tok = draw(q, gen).cpu().tolist()
-    return DraftTree(tree.parent, tree.pos, tuple(tok))
+    return DraftTree(tree.parent, tree.pos, tuple(tok), tree.rank)
 
 
 def rejection_verify(

@@ -6,7 +6,7 @@ its parent's state. Parents precede children, so one pass in index order builds 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,10 +19,15 @@ class DraftTree:
     parent: tuple[int, ...]  # node index of the parent (0 = root), always < j + 1
     pos: tuple[int, ...]  # slot committed on the edge parent -> node
     tok: tuple[int, ...]  # token committed there
+    # Each node's best-first rank (1 = the first the search selected), where the proposer ranks its nodes: the
+    # accepted nodes among the best k are then a prefix of the accepted path. () = unranked (tree order stands in).
+    rank: tuple[int, ...] = field(default=(), compare=False)  # metadata: two trees are equal by their states
 
     def __post_init__(self) -> None:
         if not (len(self.parent) == len(self.pos) == len(self.tok)):
             raise ValueError("DraftTree fields must have equal length")
+        if self.rank and sorted(self.rank) != list(range(1, len(self.parent) + 1)):
+            raise ValueError(f"rank must number the nodes 1 .. {len(self.parent)}, got {self.rank}")
         for j, p in enumerate(self.parent):
             if not 0 <= p <= j:
                 raise ValueError(f"node {j + 1} has parent {p}: parents must precede children")
@@ -30,6 +35,10 @@ class DraftTree:
     @property
     def size(self) -> int:
         return len(self.parent)
+
+    def ranks(self) -> tuple[int, ...]:
+        """Each node's rank (tree order where the proposer gave none)."""
+        return self.rank or tuple(range(1, self.size + 1))
 
     @staticmethod
     def empty() -> DraftTree:

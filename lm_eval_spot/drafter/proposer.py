@@ -191,8 +191,9 @@ class TreeProposer:
         prep = ctx.prepared if ctx.prepared is not None else self.order.begin(ctx)
         paths = self.order.paths(prep, ctx)
         hyp_tok, hyp_p = token_hypotheses(ctx, self.cfg.hedge_below)
+        budget = self.cfg.budget if ctx.budget is None else min(self.cfg.budget, ctx.budget)
         chosen, cand = grow_best_first(paths, hyp_tok.numpy(), hyp_p.double().numpy(), int(ctx.eligible.sum()),
-                                       self.cfg.budget, self.cfg.gamma, self.cfg.chain, self._size())
+                                       budget, self.cfg.gamma, self.cfg.chain, self._size())
         chosen = self._finish(chosen, cand.mass, cand.depth)
         tree, nodes = self._as_tree(chosen, cand.parent, cand.pos, cand.tok, cand.depth, cand.order)
         return GrownTree(tree, tuple(cand.mass[c] for c in nodes), tuple(cand.depth[c] for c in nodes))
@@ -217,6 +218,7 @@ class TreeProposer:
         ordered = sorted((c for c in selected if parent[c] == -1 or parent[c] in keep), key=lambda c: (depth[c], made[c]))
         index = {-1: 0}
         out_parent, out_pos, out_tok, nodes = [], [], [], []
+        picked = {c: k for k, c in enumerate(selected)}  # selection order: best first
         for c in ordered:
             if parent[c] not in index:
                 continue  # its parent fell out of the budget (only possible on exact mass ties)
@@ -225,7 +227,11 @@ class TreeProposer:
             out_pos.append(pos[c])
             out_tok.append(tok[c])
             nodes.append(c)
-        return DraftTree(tuple(out_parent), tuple(out_pos), tuple(out_tok)), nodes
+        by_rank = sorted(range(len(nodes)), key=lambda j: picked[nodes[j]])
+        rank = [0] * len(nodes)
+        for r, j in enumerate(by_rank, start=1):
+            rank[j] = r
+        return DraftTree(tuple(out_parent), tuple(out_pos), tuple(out_tok), tuple(rank)), nodes
 
 
 def SpotProposer(model: DrafterModel, cfg: TreeConfig) -> TreeProposer:  # noqa: N802 (a constructor by role)

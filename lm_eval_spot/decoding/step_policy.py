@@ -1,0 +1,278 @@
+"""budget=auto, the default: each batch step chooses every live request's drafted rows (0 included) to maximise
+the step's expected committed tokens per second of wall time.
+
+A step costs ONE target forward at the step's total rows (its price is the measured curve `RowCosts`, so a row is
+priced at its marginal cost as the batch sees it, never at an average share), plus the host work of the drafting
+it implies (`LinearCost`: a fixed part per drafting request, its stale summary and the order model's encoder, and
+a part per drafted node), plus the rest of the step's host work, which does not depend on the choice but sets how
+much a committed token is worth. A request that drafts nothing does no drafter work: its round is control's round.
+
+The expected gain of drafting d nodes for a request is 1 + s_i x (a_1 + ... + a_d): a_k the run's acceptance rate
+of the k-th best node of a tree (best first by prefix mass, so the accepted nodes among the best k are a prefix of
+the accepted path), learned from the verifier's verdicts with forgetting (`AcceptanceRecord`), and s_i the
+request's own acceptances over what the record predicted for it. A rank left untried drifts back to an optimistic
+prior, so a drafter that improves (online adaptation) gets tried again. Any tree is verified exactly: the choice
+changes NFE and speed, never an output.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+log = logging.getLogger("lm_eval.spot")
+
+PRIOR_ACCEPT = 0.9  # an untried rank's acceptance: optimistic, so every rank gets tried where a sure node could pay
+PRIOR_WEIGHT = 2.0  # pseudo-rounds behind that prior
+FORGET = 0.995  # per step, for the acceptance record: a rank left untried for ~200 steps leans back to the prior
+REQUEST_PRIOR = 4.0  # pseudo-acceptances that hold a request's own scale near 1 early on
+COST_DECAY = 0.98  # per observation, for the learned costs: about 50 observations of memory
+
+
+@dataclass(frozen=True)
+class StartupCosts:
+    """What the start-up measurement found (milliseconds): the forward by total rows, and the drafting's host work."""
+
+    rows: tuple[int, ...]  # total rows of a step's forward, ascending
+    forward_ms: tuple[float, ...]
+    draft_fixed_ms: float  # per drafting request and round: stale summary, the order model's encoder pass
+    draft_node_ms: float  # per drafted node
+    seconds: float = 0.0  # the measurement's own wall time
+
+    def curve(self, size: int) -> np.ndarray:
+        """forward ms at 0 .. size - 1 rows: interpolated, and beyond the last point the last segment extended."""
+        xs, ys = np.asarray(self.rows, float), np.asarray(self.forward_ms, float)
+        r = np.arange(size, dtype=float)
+        out = np.interp(r, xs, ys)
+        if len(xs) > 1 and size - 1 > xs[-1]:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            beyond = r > xs[-1]
+            out[beyond] = ys[-1] + slope * (r[beyond] - xs[-1])
+        return np.maximum.accumulate(out)  # more rows never cost less
+
+
+class RowCosts:
+    """The forward's cost by total rows, as the steps really run: ms(R) = a + s x t0(R), t0 the start-up curve (its
+    shape kept: a GPU's flat stretch and its knee stay), (a, s) fit by least squares with forgetting. Two
+    pseudo-observations on t0 (at the smallest and the largest measured row counts) hold the fit near it until
+    steps at several row counts have been seen; a step stalled by another process is capped at 3x the estimate."""
+
+    def __init__(self, startup: StartupCosts, size: int, decay: float = COST_DECAY, prior: float = 1.0) -> None:
+        self.t0 = startup.curve(max(size, 2))
+        self.decay, self.prior = decay, prior
+        self._ends = (float(self.t0[1]), float(self.t0[min(len(self.t0) - 1, startup.rows[-1])]))
+        self._sums = np.zeros(5)  # w, sx, sy, sxx, sxy
+        self.fitted = (0.0, 1.0)
+        self.table = self.t0.copy()
+        self.seen = 0
+
+    def __call__(self, rows: int) -> float:
+        t = self.table
+        return float(t[rows]) if rows < len(t) else float(t[-1] + (t[-1] - t[-2]) * (rows - len(t) + 1))
+
+    def observe(self, rows: int, ms: float) -> None:
+        x = float(self.t0[min(rows, len(self.t0) - 1)])
+        a, s = self.fitted
+        y = min(ms, 3.0 * (a + s * x))
+        self._sums = self.decay * self._sums + np.array([1.0, x, y, x * x, x * y])
+        self.seen += 1
+        w, sx, sy, sxx, sxy = self._sums
+        p, (e1, e2) = self.prior, self._ends
+        n = w + 2 * p
+        mx, my = (sx + p * (e1 + e2)) / n, (sy + p * (e1 + e2)) / n
+        ee = p * (e1 * e1 + e2 * e2)
+        var, cov = (sxx + ee) / n - mx * mx, (sxy + ee) / n - mx * my
+        s = min(max(cov / var, 0.25), 4.0) if var > 1e-12 else 1.0
+        a = my - s * mx
+        self.fitted = (a, s)
+        self.table = np.maximum(a + s * self.t0, 0.0)
+
+
+class LinearCost:
+    """ms = a + b x, fit online by least squares with forgetting, held near a prior (a0, b0) by a pseudo-weight."""
+
+    def __init__(self, a0: float, b0: float, x0: float = 4.0, decay: float = COST_DECAY, prior: float = 2.0) -> None:
+        self.decay = decay
+        # The prior as two pseudo-observations, at x = 0 and at x = x0: a line through them is (a0, b0).
+        self._prior = np.array([2 * prior, prior * x0, prior * (2 * a0 + b0 * x0), prior * x0 * x0,
+                                prior * x0 * (a0 + b0 * x0)])
+        self._sums = np.zeros(5)
+        self.a, self.b = a0, b0
+
+    def __call__(self, x: float) -> float:
+        return self.a + self.b * x
+
+    def observe(self, x: float, ms: float) -> None:
+        cap = 3.0 * max(self(x), 1e-3)
+        self._sums = self.decay * self._sums + np.array([1.0, x, min(ms, cap), x * x, x * min(ms, cap)])
+        w, sx, sy, sxx, sxy = self._sums + self._prior
+        var = sxx / w - (sx / w) ** 2
+        b = ((sxy / w - sx * sy / w / w) / var) if var > 1e-12 else self.b
+        self.b = max(b, 0.0)
+        self.a = max(sy / w - self.b * sx / w, 0.0)
+
+
+class AcceptanceRecord:
+    """The run's acceptance rate of the k-th best drafted node, k = 1 .. depth, learned from verdicts with
+    forgetting; rounds that lead with the target's own transition at the root (a block's first round after an
+    exact lookahead) are kept apart, since their first node is all but sure."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self._acc = np.zeros((2, depth))
+        self._n = np.zeros((2, depth))
+
+    def rates(self, led: bool) -> np.ndarray:
+        """a_1 .. a_depth, made non-increasing (a deeper rank is never worth more: its tree holds the shallower)."""
+        k = int(led)
+        a = (self._acc[k] + PRIOR_WEIGHT * PRIOR_ACCEPT) / (self._n[k] + PRIOR_WEIGHT)
+        return np.minimum.accumulate(a)
+
+    def add(self, led: bool, drafted: int, accepted_ranks: Sequence[int]) -> None:
+        """A verdict: `drafted` nodes (ranks 1 .. drafted), the accepted ones among them by rank."""
+        k, d = int(led), min(drafted, self.depth)
+        self._n[k, :d] += 1.0
+        for r in accepted_ranks:
+            if r <= d:
+                self._acc[k, r - 1] += 1.0
+
+    def forget(self) -> None:
+        self._acc *= FORGET
+        self._n *= FORGET
+
+
+@dataclass
+class RequestPace:
+    """One request's part in the policy: its own acceptances against the record's predictions."""
+
+    predicted: float = 0.0
+    accepted: float = 0.0
+
+    @property
+    def scale(self) -> float:
+        return (self.accepted + REQUEST_PRIOR) / (self.predicted + REQUEST_PRIOR)
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What the policy reads of a live request at the start of a step."""
+
+    can_draft: bool  # it has stale conditionals to draft from (a block's first round without lookahead has none)
+    led: bool  # its tree leads with the target's own transition at the root
+    scale: float  # RequestPace.scale
+
+
+def allocate(gains: np.ndarray, base_rows: int, forward: RowCosts | Sequence[float], host_ms: float,
+             draft: LinearCost | tuple[float, float]) -> list[int]:
+    """Drafted nodes per request maximising (n + sum of the chosen gains) / (forward(base_rows + drafted rows) +
+    host_ms + drafting), where a request drafting d > 0 nodes costs draft_fixed + d x draft_node of host work.
+
+    gains [n, D]: row i the expected accepted nodes of request i's best 1 .. D nodes, each a non-increasing step
+    (0 where it cannot draft). The candidates are "the k requests with the largest gain at depth d each draft d",
+    for every k and d, the forward priced at the step's TOTAL rows (a row's marginal cost, as the batch sees it)."""
+    n, depth = gains.shape
+    fixed, node = (draft.a, draft.b) if isinstance(draft, LinearCost) else draft
+    price = forward if callable(forward) else (lambda r: float(forward[min(r, len(forward) - 1)]))
+    best_rate = n / (price(base_rows) + host_ms)
+    if n == 0 or depth == 0 or not gains.any():
+        return [0] * n
+    cum = np.cumsum(gains, axis=1)  # [n, D]: gain of drafting d = 1 .. D nodes
+    order = np.argsort(-cum, axis=0, kind="stable")  # per depth, requests by gain (lowest index on ties)
+    top = np.cumsum(np.take_along_axis(cum, order, axis=0), axis=0)  # [k - 1, d - 1]: the k best requests' gain
+    ks = np.arange(1, n + 1)[:, None]
+    ds = np.arange(1, depth + 1)[None, :]
+    rows = base_rows + ks * ds
+    fwd = np.vectorize(price, otypes=[float])(rows) if not isinstance(forward, RowCosts) else _table(forward, rows)
+    rate = (n + top) / (fwd + host_ms + ks * fixed + ks * ds * node)
+    k, d = np.unravel_index(int(np.argmax(rate)), rate.shape)
+    if rate[k, d] <= best_rate or top[k, d] <= 0:
+        return [0] * n
+    out = [0] * n
+    for i in order[: k + 1, d]:
+        out[int(i)] = int(d) + 1 if cum[int(i), d] > 0 else 0
+    return out
+
+
+def _table(costs: RowCosts, rows: np.ndarray) -> np.ndarray:
+    t = costs.table
+    inside = np.minimum(rows, len(t) - 1)
+    return np.where(rows < len(t), t[inside], t[-1] + (t[-1] - t[-2]) * (rows - len(t) + 1))
+
+
+@dataclass
+class PolicyReport:
+    """What the run summary shows of the policy."""
+
+    drafted_rows: Counter[int] = field(default_factory=Counter)  # rounds by drafted-row count (0 included)
+    steps: int = 0
+
+    def shares(self) -> dict[str, float]:
+        total = sum(self.drafted_rows.values())
+        return {str(d): round(c / total, 4) for d, c in sorted(self.drafted_rows.items())} if total else {}
+
+
+class StepPolicy:
+    """budget=auto: the per-step choice of drafted rows (see the module docstring). One per run; decode_many asks
+    `plan` at each step and reports what the step cost (`observe_step`) and what the verifier accepted (`verdict`)."""
+
+    name = "auto"
+
+    def __init__(self, startup: StartupCosts, max_depth: int, max_rows: int) -> None:
+        self.startup, self.max_depth = startup, max_depth
+        self.forward = RowCosts(startup, max_rows + 1)
+        self.draft = LinearCost(startup.draft_fixed_ms, startup.draft_node_ms)
+        # The step's other host work (x: drafted nodes): its level sets what a committed token is worth, its slope
+        # is verification's extra work per drafted row.
+        self.rest = LinearCost(0.0, 0.0, prior=0.5)
+        self.record = AcceptanceRecord(max_depth)
+        self.report = PolicyReport()
+
+    def pace(self) -> RequestPace:
+        return RequestPace()
+
+    def plan(self, views: Sequence[StepView]) -> list[int]:
+        """Drafted nodes for each live request this step (0: a control round, no drafter work)."""
+        n = len(views)
+        gains = np.zeros((n, self.max_depth))
+        for i, v in enumerate(views):
+            if v.can_draft:
+                gains[i] = v.scale * self.record.rates(v.led)
+        return allocate(gains, n, self.forward, self.rest.a, (self.draft.a, self.draft.b + self.rest.b))
+
+    def observe_step(self, rows: int, forward_ms: float, rest_ms: float,
+                     drafting: Sequence[tuple[int, float]]) -> None:
+        """A step as it ran: its forward (total rows, ms), its other host work, and per drafting request (nodes
+        drafted, ms of its drafting work)."""
+        self.report.steps += 1
+        self.forward.observe(rows, forward_ms)
+        self.rest.observe(sum(nodes for nodes, _ in drafting), rest_ms)
+        for nodes, ms in drafting:
+            self.draft.observe(nodes, ms)
+        self.record.forget()
+
+    def verdict(self, pace: RequestPace, led: bool, planned: int, drafted: int, accepted_ranks: Sequence[int]) -> None:
+        """The verifier's verdict on a request's round: `drafted` nodes (of `planned`), the accepted ranks."""
+        self.report.drafted_rows[drafted] += 1
+        if drafted == 0:
+            return
+        rates = self.record.rates(led)
+        pace.predicted += float(rates[:drafted].sum())
+        pace.accepted += len([r for r in accepted_ranks if r <= drafted])
+        self.record.add(led, drafted, accepted_ranks)
+
+    def summary(self) -> dict[str, object]:
+        s = self.startup
+        return {
+            "policy": "auto (per step: drafted rows chosen by measured forward cost at the step's rows and the "
+                      "verifier's acceptance record)",
+            "drafted_rows_share": self.report.shares(),
+            "cost_curve_ms": {str(r): round(ms, 3) for r, ms in zip(s.rows, s.forward_ms, strict=True)},
+            "cost_curve_fit": {"offset_ms": round(self.forward.fitted[0], 3), "scale": round(self.forward.fitted[1], 3)},
+            "draft_ms": {"per_request": round(self.draft.a, 3), "per_node": round(self.draft.b, 3)},
+            "acceptance_by_rank": [round(float(a), 3) for a in self.record.rates(False)],
+            "startup_s": round(s.seconds, 3),
+        }
