@@ -30,14 +30,13 @@ from hypothesis import strategies as st
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.bidirectional import BidirectionalAdapter, NativeCanvas
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
-from lm_eval_spot.budget import AutoBudgetProposer, CostModel
+from lm_eval_spot.decoding.step_policy import StartupCosts, StepPolicy
 from lm_eval_spot.baselines.graph import RankGraph
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
-from lm_eval_spot.decoding.batch import for_request
+from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
-from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
 from lm_eval_spot.methods import MethodSpec, make_proposer
 from lm_eval_spot.stopping import make_stop_check
 
@@ -134,9 +133,10 @@ def random_graph(seed: int, L: int) -> RankGraph:
     return RankGraph(tuple(nodes), tuple(range(len(nodes), 0, -1)), rounds=1)
 
 
-# A flat made-up cost curve: the per-round tree size then depends on the drafter's masses and on timing.
-COSTS = CostModel(replicas=(1, 2, 4, 8, 16, 21), target_ms=(1.0, 1.1, 1.3, 1.7, 2.5, 3.0),
-                  nodes=(1, 4, 16, 64), drafter_ms=(0.01, 0.02, 0.05, 0.2))
+# A flat made-up start-up curve for budget=auto's step policy: each round's tree size then depends on the
+# acceptance record and on the run's timing.
+COSTS = StartupCosts(rows=(1, 2, 4, 8, 16, 21), forward_ms=(1.0, 1.1, 1.3, 1.7, 2.5, 3.0), draft_fixed_ms=0.01,
+                     draft_node_ms=0.003)
 
 
 @st.composite
@@ -174,8 +174,8 @@ def make_fuzz_proposer(kind: str, c: dict, control_log: CommitLog, L: int):
         stale_only = c["oracle_stale_only"] or TARGETS[kind][3] == "approx"
         return OracleProposer(control_log, D, stale_only=stale_only)
     drafter = random_drafter(*c["drafter"])
-    if mode == "spot-auto":
-        return for_request(AutoBudgetProposer(LearnedOrder(drafter), TreeConfig(budget=D), COSTS))
+    if mode == "spot-auto":  # the step policy picks each round's size up to D (see check_case)
+        return for_request(make_proposer(MethodSpec("spot", D), drafter))
     graph = random_graph(c["drafter"][1], L) if mode == "graph" else None
     return for_request(make_proposer(MethodSpec(mode, D, c["gamma"]), drafter, graph))
 
@@ -197,8 +197,12 @@ def check_case(kind: str, c: dict) -> None:
 
     log = CommitLog()
     control = decode(adapter, prompt, cfg, c["req_seed"], stop_check=stop(), observer=log)
-    spec = decode(adapter, prompt, cfg, c["req_seed"], stop_check=stop(),
-                  proposer=make_fuzz_proposer(kind, c, log, c["L"]))
+    proposer = make_fuzz_proposer(kind, c, log, c["L"])
+    if c["mode"] == "spot-auto":
+        job = DecodeJob(prompt, cfg, c["req_seed"], stop(), proposer)
+        spec = decode_many(adapter, [job], 1, policy=StepPolicy(COSTS, c["budget"], 64))[0]
+    else:
+        spec = decode(adapter, prompt, cfg, c["req_seed"], stop_check=stop(), proposer=proposer)
     assert spec.token_ids == control.token_ids
     assert spec.stop_reason == control.stop_reason
     assert spec.nfe.total <= control.nfe.total, (spec.nfe, control.nfe)

@@ -75,18 +75,10 @@ def decode_many(
             i = queue.popleft()
             j = jobs[i]
             live.append((i, RequestDecode(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
-                                          j.verify, timed=batch_size == 1 and policy is None),
+                                          j.verify),
                          policy.pace() if policy is not None else None))
         step_t0 = time.perf_counter()
-        # Each request's round cost as the batch sees it: its own host work plus its rows' share of the forward
-        # (a proposer that prices rows learns the shared forward's cost per row from it).
-        host: dict[int, float] = {}
-        going = []
-        for i, req, pace in live:
-            t0 = time.perf_counter()
-            if req.start_round():
-                going.append((i, req, pace))
-            host[i] = time.perf_counter() - t0
+        going = [(i, req, pace) for i, req, pace in live if req.start_round()]
         budgets: list[int | None] = [None] * len(going)
         if policy is not None:
             budgets = list(policy.plan([StepView(req.can_draft, req.leads, pace.scale if pace else 1.0)
@@ -105,7 +97,6 @@ def decode_many(
             t0 = time.perf_counter()
             step.append((i, req, req.plan_round(p)))
             drafting_s[i] += time.perf_counter() - t0 + (each if p is not None else 0.0)
-            host[i] += drafting_s[i]
         t0 = time.perf_counter()
         counter = getattr(adapter, "tally", None)
         before = counter.forwards if counter is not None else 0
@@ -119,16 +110,12 @@ def decode_many(
         if tally is not None and step:
             tally.steps += 1
             tally.forwards += (counter.forwards - before) if counter is not None else len(step)
-        total_rows = max(1, sum(req.rows for _, req, _ in step))
+        total_rows = sum(req.rows for _, req, _ in step)
         for (i, req, _), (lg, ahead) in zip(step, outs, strict=True):
-            t0 = time.perf_counter()
             try:
                 req.advance(lg, ahead)
             except NonFiniteLogitsError as err:
                 raise NonFiniteLogitsError(err.block, err.round, request=i) from None  # which job, for the caller
-            if batch_size > 1 and policy is None:
-                own = host[i] + time.perf_counter() - t0
-                req.shared_round_ran(1000 * (own + forward * req.rows / total_rows))
         if policy is not None and step:
             drafts = [(req.drafted[-1], 1000 * drafting_s[i]) for i, req, _ in going if req.drafted[-1] > 0]
             rest = time.perf_counter() - step_t0 - forward - sum(ms for _, ms in drafts) / 1000

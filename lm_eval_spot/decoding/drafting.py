@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from lm_eval_spot.decoding.block import BlockCursor
-from lm_eval_spot.decoding.proposer import Proposer, RoundContext, RoundRun
+from lm_eval_spot.decoding.proposer import Proposer, RoundContext
 from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.stale import Stale, summarize
 from lm_eval_spot.decoding.transfer import HostLink
@@ -58,15 +58,14 @@ class DraftingPhase:
         self.proposer, self.rejection, self.link = proposer, rejection, link
         self.temperature, self.truncation = (0.0, None) if rejection else (temperature, truncation)
         self.prev_path: tuple[int, ...] | None = None
-        self.prev_round: RoundRun | None = None
         self.ctx: RoundContext | None = None  # the round's context until its tree is proposed
         self.stale: Stale | None = None  # the round's stale summary (None when it drafts nothing)
         self._lead: tuple[int, int] | None = None
         self._budget: int | None = None
         self.asked = self.led = False
 
-    def begin(self, blocks: BlockCursor, stale_src: torch.Tensor | None, fresh: bool, pending: int,
-              budget: int | None = None) -> None:
+    def begin(self, blocks: BlockCursor, stale_src: torch.Tensor | None, fresh: bool, budget: int | None = None
+              ) -> None:
         """Set `ctx` for this round, or None when it drafts nothing. budget: the most nodes this round drafts
         (a per-step policy's choice; None: the proposer's own; 0: none, and no drafter work at all)."""
         self.asked = self.proposer is not None and (not self.rejection or stale_src is not None) and budget != 0
@@ -86,7 +85,7 @@ class DraftingPhase:
         # Under a lead edge the proposer's tree grows below it: one node of the round's budget is the lead's.
         below = None if budget is None else budget - (edge is not None)
         self.ctx = RoundContext(base, blocks.open_slots(base), base != mask_id, stale, self.temperature, noise,
-                                mask_id, blocks.block, self.prev_path, self.prev_round, pending, budget=below)
+                                mask_id, blocks.block, self.prev_path, budget=below)
 
     def propose(self, prepared: object = None) -> DraftTree:
         """The round's tree (empty when it drafts nothing); `prepared`: the order source's per-round work for

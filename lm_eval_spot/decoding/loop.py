@@ -16,7 +16,6 @@ proposer this is exactly the draft-free decoder: one commit per forward. A round
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import torch
 
@@ -27,7 +26,7 @@ from lm_eval_spot.decoding.coupled import CoupledVerifier
 from lm_eval_spot.decoding.drafting import DraftingPhase
 from lm_eval_spot.decoding.lookahead import Lookahead
 from lm_eval_spot.decoding.observe import PendingCommits
-from lm_eval_spot.decoding.proposer import Proposer, RoundContext, RoundRun
+from lm_eval_spot.decoding.proposer import Proposer, RoundContext
 from lm_eval_spot.decoding.rejection import RejectionVerifier
 from lm_eval_spot.decoding.stops import StopWatch
 from lm_eval_spot.decoding.transfer import HostLink
@@ -88,13 +87,11 @@ class RequestDecode:
 
     def __init__(self, adapter: TargetAdapter, prompt_ids: list[int], cfg: DecodeConfig, seed: int,
                  stop_check: StopCheck | None = None, proposer: Proposer | None = None,
-                 observer: RoundObserver | None = None, verify: str = "coupled", timed: bool = True) -> None:
-        """timed: report each round's rows and wall time to the proposer (`RoundContext.prev_round`); False when
-        the request shares its forwards with others."""
+                 observer: RoundObserver | None = None, verify: str = "coupled") -> None:
         if verify not in ("coupled", "rejection"):
             raise ValueError(f"verify must be 'coupled' or 'rejection', got {verify!r}")
         self.t0 = time.perf_counter()
-        self.adapter, self.cfg, self.proposer, self.timed = adapter, cfg, proposer, timed
+        self.adapter, self.cfg, self.proposer = adapter, cfg, proposer
         self.info, self.link = adapter.info, HostLink()
         self.session, tail = adapter.open(prompt_ids, cfg.max_gen_toks)
         self.blocks = BlockCursor(self.info, self.session, len(prompt_ids), cfg.max_gen_toks, tail, seed,
@@ -110,7 +107,7 @@ class RequestDecode:
         # Commits for the observer, summarised in batches (observe.PendingCommits).
         self.observed = PendingCommits(observer, self.link) if observer is not None else None
         self.on_verify = getattr(observer, "on_verify", None)
-        self.committed = self.rounds = self._rows = self._pending = 0
+        self.committed = self.rounds = self._rows = 0
         self.drafted: list[int] = []
         self.accepted: list[int] = []
         self.last_accepted_ranks: tuple[int, ...] = ()
@@ -151,7 +148,6 @@ class RequestDecode:
         for _ in range(self.blocks.roll()):
             self._block_begun()
         self.clock.start()
-        self._pending = int(getattr(self.session, "pending_blocks", 0))
         return True
 
     @property
@@ -169,7 +165,7 @@ class RequestDecode:
         """The proposer's context for this round (`draft_ctx`). budget: the most nodes it drafts (None: the
         proposer's own; 0: none, and no drafter work). A batch's caller may then compute the drafter's per-round
         work for all requests at once (`plan_round`)."""
-        self.drafting.begin(self.blocks, self.stale_src, self._fresh, self._pending, budget)
+        self.drafting.begin(self.blocks, self.stale_src, self._fresh, budget)
 
     def plan_round(self, prepared: object = None) -> torch.Tensor:
         """Step 2: the round's forward rows: the proposer's tree (`prepared`: its order source's work for
@@ -214,11 +210,8 @@ class RequestDecode:
         self.last_accepted_ranks = tuple(ranks[n - 1] for n in verdict.path)  # for a per-step policy's record
         self.stale_src = logits[last]
         self._states = None
-        ahead_row = self.look.row is not None
         self.look.settle(self.blocks, ahead)
-        self._ran = RoundRun(self._rows, self.clock.end(fwd_end), ahead_row, self._pending)
-        if self.timed:
-            self.drafting.prev_round = self._ran
+        self.clock.end(fwd_end)
         if (stop := self.stops.check(self.blocks.prefix())) is not None:
             self._finish(*stop)
 
@@ -233,12 +226,6 @@ class RequestDecode:
         if self.observed is not None:
             self.observed.add_round(self.blocks.block, [0, *verdict.path], verdict.pos, verdict.tok, states,
                                     node_open, logits)
-
-    def shared_round_ran(self, ms: float) -> None:
-        """The round just applied ran in a forward shared with other requests: report it to the proposer as
-        costing `ms` (the caller's measure: this request's own host work plus its rows' share of the forward),
-        so a proposer that prices rows learns what a row costs in the batch's forward, not alone."""
-        self.drafting.prev_round = replace(self._ran, ms=ms)
 
     def _finish(self, ids: list[int], reason: str) -> None:
         if self.observed is not None:

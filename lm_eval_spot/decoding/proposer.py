@@ -16,16 +16,6 @@ from lm_eval_spot.decoding.tree import DraftTree
 
 
 @dataclass(frozen=True)
-class RoundRun:
-    """One round as it ran, for proposers that learn its cost."""
-
-    rows: int  # rows in its target forward
-    ms: float  # from the round's start to the end of its verification
-    ahead: bool  # a lookahead row rode along
-    pending: int  # finished blocks that rode along (`RoundContext.pending`)
-
-
-@dataclass(frozen=True)
 class RoundContext:
     """What a proposer may read at the start of a round (never the target's hidden states)."""
 
@@ -40,12 +30,6 @@ class RoundContext:
     # The verifier's verdict on this request's previous round: the accepted node indices (1-based, root
     # excluded) of the tree proposed then; None in a request's first round. Adaptive proposers learn from it.
     prev_path: tuple[int, ...] | None = None
-    # This request's previous round as it ran. Only where the request decodes alone (a batched forward's time is
-    # not its own).
-    prev_round: RoundRun | None = None
-    # Finished blocks this round's forward also writes into the target's cache (a block's first round on a
-    # block-causal target: one, or the prompt's complete blocks in the first round): each row costs more.
-    pending: int = 0
     # The order source's once-per-round work for this context, computed by the caller for a whole batch of
     # requests at once (`drafter.proposer.prepare_batch`); None: the proposer computes it.
     prepared: Any = None

@@ -40,13 +40,12 @@ def configurations(budgets: list[int], auto: bool, graph: bool, extra: Sequence[
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from lm_eval_spot.budget import AutoBudgetProposer, measure_costs
+    from lm_eval_spot.budget import MAX_BUDGET, build_policy
     from lm_eval_spot.baselines.rank_graph import RankGraph
     from lm_eval_spot.config import SHIPPED_DRAFTERS, default_graph_path, drafter_for, parse_args, shipped_drafter_path
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig
     from lm_eval_spot.drafter.model import load_drafter
-    from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
     from lm_eval_spot.families import load_target
     from lm_eval_spot.methods import MethodSpec, make_proposer
     from lm_eval_spot.stopping import make_stop_check
@@ -67,15 +66,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     detok = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     stops = [make_stop_check(detok, list(d.until)) for d in docs]
     configs = configurations(args.budgets, args.auto, args.graph_mode, list(extra))
-    costs = {label: measure_costs(adapter, d, gen_length=args.max_gen_toks) for label, d in drafters.items()} \
-        if args.auto else {}
 
     def proposer(label: str, budget: int | str | None) -> Any:
         drafter = drafters.get(label, drafters["spot"])
-        if budget == "auto":
-            c = costs[label]
-            return AutoBudgetProposer(LearnedOrder(drafter), TreeConfig(budget=c.max_budget), c)
-        return make_proposer(MethodSpec(label.split("[")[0], int(budget or 1)), drafter, graph)
+        D = MAX_BUDGET if budget == "auto" else int(budget or 1)
+        return make_proposer(MethodSpec(label.split("[")[0], D), drafter, graph)
+
+    def policy(prop: Any, budget: int | str | None, N: int) -> Any:
+        # budget=auto as a run builds it: measured at start-up for this batch size, fresh per run
+        return build_policy(adapter, prop, N, args.max_gen_toks) if budget == "auto" else None
 
     rows, outputs, k = [], {}, 0
     for T in args.temps:
@@ -87,8 +86,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 prop = proposer(mode, budget)  # fresh per run: budget=auto's calibration starts over
                 jobs = [DecodeJob(ids, cfg, args.seed * 1_000_003 + i, stops[i], for_request(prop))
                         for i, ids in enumerate(prompts)]
+                pol = policy(prop, budget, N)
                 t0 = time.perf_counter()
-                res = decode_many(adapter, jobs, batch_size=N)
+                res = decode_many(adapter, jobs, batch_size=N, policy=pol)
                 wall = time.perf_counter() - t0
                 outputs[(mode, budget, T, N)] = [r.token_ids for r in res]
                 gen = sum(len(r.token_ids) for r in res)
@@ -98,14 +98,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log.info("T=%g N=%d %s D=%s: %.1f tok/s, %.1f NFE/sample", T, N, mode, budget, gen / wall,
                          rows[-1]["nfe_per_sample"])
         if args.invariant:  # batch_invariant=true: one request at a time, every forward padded to one row count
-            pad = 1 + max(args.budgets + [c.max_budget for c in costs.values()])
+            pad = 1 + max(args.budgets + ([MAX_BUDGET] if args.auto else []))
             pcfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T, pad_rows=pad)
             for mode, budget in configs:
                 prop = proposer(mode, budget)
                 jobs = [DecodeJob(ids, pcfg, args.seed * 1_000_003 + i, stops[i], for_request(prop))
                         for i, ids in enumerate(prompts)]
                 t0 = time.perf_counter()
-                res = decode_many(adapter, jobs, batch_size=1)
+                res = decode_many(adapter, jobs, batch_size=1, policy=policy(prop, budget, 1))
                 wall = time.perf_counter() - t0
                 outputs[(mode + " (batch_invariant)", budget, T, 0)] = [r.token_ids for r in res]
                 gen = sum(len(r.token_ids) for r in res)

@@ -22,7 +22,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,15 +92,14 @@ class Row:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from lm_eval_spot.budget import AutoBudgetProposer, measure_costs
+    from lm_eval_spot.budget import MAX_BUDGET, build_policy
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
     from lm_eval_spot.cards import parse_model_args
     from lm_eval_spot.config import drafter_for, default_graph_path
-    from lm_eval_spot.decoding.batch import for_request
+    from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.baselines.rank_graph import RankGraph
-    from lm_eval_spot.drafter.proposer import LearnedOrder, TreeConfig
     from lm_eval_spot.families import load_target
     from lm_eval_spot.methods import MethodSpec, make_proposer
     from lm_eval_spot.stopping import cut_text, make_stop_check
@@ -133,10 +132,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if m in args.methods:
                 for D in args.budgets:
                     proposers[(f"{m}@{name}", D)] = make_proposer(MethodSpec(m, D, args.gamma), other)
-    costs = None
-    if args.auto:
-        costs = measure_costs(adapter, drafter, gen_length=args.max_gen_toks or 256)  # the canvas the run uses
-        proposers[("spot", "auto")] = AutoBudgetProposer(LearnedOrder(drafter), TreeConfig(costs.max_budget), costs)
+    policies: dict[tuple[str, int | str], Any] = {}
+    if args.auto:  # budget=auto at batch size 1, as a run measures it at start-up (on the canvas the run uses)
+        proposers[("spot", "auto")] = make_proposer(MethodSpec("spot", MAX_BUDGET), drafter)
+        policies[("spot", "auto")] = build_policy(adapter, proposers[("spot", "auto")], 1, args.max_gen_toks or 256)
     keys = list(proposers) + [("oracle", D) for D in args.budgets if "oracle" in args.methods]
     docs = source.prompts
     decode_ids = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
@@ -152,7 +151,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             seed = args.seed * 1_000_003 + i
             commits = CommitLog()
 
-            def run(proposer: Any = None, observer: Any = None) -> Any:
+            def run(proposer: Any = None, observer: Any = None, policy: Any = None) -> Any:
+                if policy is not None:
+                    job = DecodeJob(ids, cfg, seed, stop, proposer, observer)
+                    return decode_many(adapter, [job], 1, policy=policy)[0]
                 return decode(adapter, ids, cfg, seed, stop_check=stop, proposer=proposer, observer=observer)
 
             c1, c1_wall = _timed(run, args.repeats, first=run(observer=commits))
@@ -162,7 +164,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for m, D in order:
                 prop = OracleProposer(commits, int(D)) if m == "oracle" else proposers[(m, D)]
                 # A fork per request, as lm-eval runs it (a stateful proposer keeps per-request estimates).
-                results[(m, D)] = _timed(lambda p=prop: run(proposer=for_request(p)), args.repeats)
+                results[(m, D)] = _timed(lambda p=prop, k=(m, D): run(proposer=for_request(p),
+                                                                     policy=policies.get(k)), args.repeats)
                 bar.update()
             c2, c2_wall = _timed(run, args.repeats)
             bar.update()
@@ -205,7 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "lookahead": args.lookahead, "drafter": str(drafter_path),
         "other_drafters": dict(args.drafters),
         "wall_s": time.perf_counter() - t_start,
-        "auto_costs": asdict(costs) if costs is not None else None,
+        "auto_policy": {k[0]: p.summary() for k, p in policies.items()},
         "repeats": args.repeats,
         "rows": [r.summary() for r in rows.values()],
         "auto_vs_best_fixed": auto_vs_best_fixed(rows),

@@ -1,0 +1,116 @@
+"""The default against control as users run it: the lm_eval CLI, one process per run, tokens per second from the
+results' `config.spot.gen_tokens_per_s`, at several batch sizes and temperatures, per target.
+
+    python -m lm_eval_spot.research.cli_pairs --limit 120 --sizes 1 8 32 --temps 0 1 \
+        --target embedded= --target b8=/work/runs/b8/final --target e8c=/work/runs/e8c/final:80 \
+        --out docs/results/never_slower
+
+Each --target is NAME=PATH[:MAX_GEN_TOKS] (an empty PATH: the embedded default). For each (target, T, N) the
+configurations (`mode=control`, the default, and each --extra model-args string, e.g. `budget=8`) run one after
+another as separate lm_eval processes, their order rotated from one cell to the next so machine drift spreads
+over all of them; every run logs its samples, and each configuration's generations are compared with control's.
+Writes results.json and table.md (ratios against control of the same target, T and N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("lm_eval_spot.research.cli_pairs")
+
+
+def run_one(pretrained: str, model_args: str, T: float, N: int, limit: int, max_gen: int | None, out: Path,
+            threads: int | None) -> dict[str, Any]:
+    """One lm_eval process; returns its `config.spot` block, its generations and its wall time."""
+    args = [a for a in (f"pretrained={pretrained}" if pretrained else "", model_args) if a]
+    gk = [f"temperature={T:g}", f"do_sample={'true' if T > 0 else 'false'}"] + (
+        [f"max_gen_toks={max_gen}"] if max_gen else [])
+    cmd = [sys.executable, "-m", "lm_eval", "--model", "spot-dlm", "--tasks", "spot_arith", "--device", "cpu",
+           "--limit", str(limit), "--batch_size", str(N), "--gen_kwargs", ",".join(gk), "--log_samples",
+           "--output_path", str(out)] + (["--model_args", ",".join(args)] if args else [])
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"lm_eval failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
+    res_file = max(out.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
+    spot = json.loads(res_file.read_text())["config"]["spot"]
+    samples_file = max(out.rglob("samples_spot_arith_*.jsonl"), key=lambda p: p.stat().st_mtime)
+    gens = {}
+    for line in samples_file.read_text().splitlines():
+        row = json.loads(line)
+        gens[row["doc_id"]] = row["resps"][0][0]
+    return {"spot": spot, "gens": gens, "process_s": wall, "command": " ".join(cmd)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", action="append", required=True, help="NAME=PATH[:MAX_GEN_TOKS]")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--temps", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--limit", type=int, default=120)
+    ap.add_argument("--extra", action="append", default=[], help="another configuration's model args")
+    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for each run (default: the plugin's)")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    configs = ["mode=control", ""] + a.extra
+    rows: list[dict[str, Any]] = []
+    cell = 0
+    for spec in a.target:
+        name, _, rest = spec.partition("=")
+        path, _, mg = rest.partition(":")
+        for T in a.temps:
+            for N in a.sizes:
+                order = configs[cell % len(configs):] + configs[: cell % len(configs)]
+                cell += 1
+                runs = {}
+                for c in order:
+                    folder = a.out / "runs" / f"{name}_T{T:g}_N{N}_{c.replace('=', '-').replace(',', '_') or 'default'}"
+                    runs[c] = run_one(path, c, T, N, a.limit, int(mg) if mg else None, folder, a.threads)
+                    log.info("%s T=%g N=%d %s: %.1f tok/s, NFE %.2f", name, T, N, c or "default",
+                             runs[c]["spot"]["gen_tokens_per_s"], runs[c]["spot"]["nfe_per_sample"])
+                ctrl = runs["mode=control"]
+                for c in configs:
+                    s = runs[c]["spot"]
+                    same = sum(runs[c]["gens"][k] == g for k, g in ctrl["gens"].items())
+                    rows.append({
+                        "target": name, "temperature": T, "batch_size": N, "config": c or "default",
+                        "tok_per_s": s["gen_tokens_per_s"], "nfe_per_sample": s["nfe_per_sample"],
+                        "ratio": s["gen_tokens_per_s"] / ctrl["spot"]["gen_tokens_per_s"],
+                        "identical_to_control": f"{same}/{len(ctrl['gens'])}",
+                        "drafted_rows_share": (s.get("budget_policy") or {}).get("drafted_rows_share"),
+                        "startup_s": (s.get("budget_policy") or {}).get("startup_s"),
+                        "command": runs[c]["command"],
+                    })
+                a.out.mkdir(parents=True, exist_ok=True)
+                (a.out / "results.json").write_text(json.dumps(rows, indent=1))
+                (a.out / "table.md").write_text(table(rows, argv if argv is not None else sys.argv[1:]))
+
+
+def table(rows: list[dict[str, Any]], argv: list[str]) -> str:
+    lines = ["python -m lm_eval_spot.research.cli_pairs " + " ".join(argv), "",
+             "| target | T | N | config | tok/s | vs control | NFE/sample | identical to control | rounds by drafted rows "
+             "| start-up s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        shares = r["drafted_rows_share"] or {}
+        top = ", ".join(f"{d}: {100 * s:.0f}%" for d, s in sorted(shares.items(), key=lambda kv: -kv[1])[:3])
+        lines.append(f"| {r['target']} | {r['temperature']:g} | {r['batch_size']} | {r['config']} | "
+                     f"{r['tok_per_s']:.1f} | {r['ratio']:.2f}x | {r['nfe_per_sample']:.2f} | "
+                     f"{r['identical_to_control']} | {top} | {r['startup_s'] if r['startup_s'] is not None else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
