@@ -4,12 +4,14 @@
 
 Reads lm-eval output (`results_*.json`, and the `samples_*.jsonl` beside them when the runs used --log_samples)
 and writes one table: target and drafter, task, mode, budget, temperature, n, accuracy with its stderr, NFE per
-sample, tokens per forward, batch size, decoding wall time and generated tokens per second, throughput ratio with its spread (paired runs), exact match to control, and whether the
-run was exact or approximate. Each drafting run is compared per sample with the control run of the same target,
+sample, tokens per forward, batch size, decoding wall time and generated tokens per second, that speed against the
+control run of the same target, task, temperature and batch size (what the user waits for), throughput ratio with
+its spread (paired runs), exact match to control, and whether the run was exact or approximate. Each drafting run is compared per sample with the control run of the same target,
 task, temperature and samples: the share of identical generations, the accuracy difference and McNemar's exact
 test, and a verdict ("accuracy preserved" only when every generation is identical, or when the difference is
-within noise, saying which). Writes compare.md, compare.csv and accuracy_vs_nfe.png (one point per run, grouped
-by target, the Pareto front marked) to --out.
+within noise, saying which). Writes compare.md, compare.csv and accuracy_vs_nfe.png to --out: accuracy against
+NFE per sample and, beside it, tokens per second against control's (same target, task, temperature and batch size)
+against NFE, one colour and one Pareto front per target (fewer NFE alone is not a win when it is slower).
 """
 
 from __future__ import annotations
@@ -167,16 +169,36 @@ def paired_comparison(run: Run, control: Run) -> dict[str, Any]:
             "verdict": verdict}
 
 
-def _control_for(run: Run, runs: list[Run]) -> Run | None:
-    for r in runs:
-        if r is not run and r.mode == "control" and (r.target, r.task, r.temperature) == (run.target, run.task,
-                                                                                           run.temperature):
-            return r
+def _control_for(run: Run, runs: list[Run], same_batch: bool = False) -> Run | None:
+    """The control run of the same target, task and temperature (and batch size, for speed: a batch's forward
+    costs differ), preferring one at the same batch size."""
+    def key(r: Run, batch: bool) -> tuple[Any, ...]:
+        return (r.target, r.task, r.temperature) + ((str(r.spot.get("batch_size", 1)),) if batch else ())
+
+    for batch in (True,) if same_batch else (True, False):
+        for r in runs:
+            if r is not run and r.mode == "control" and key(r, batch) == key(run, batch):
+                return r
     return None
 
 
+def speed_vs_control(run: Run, runs: list[Run]) -> tuple[float | None, str]:
+    """(run's tokens per second / control's, where the control figure comes from): the control run of the same
+    target, task, temperature and batch size, else (control=paired) the run's own paired ratio."""
+    if run.mode == "control":
+        return 1.0, "control"
+    ctrl = _control_for(run, runs, same_batch=True)
+    rate = run.spot.get("gen_tokens_per_s")
+    if ctrl is not None and rate and ctrl.spot.get("gen_tokens_per_s"):
+        return rate / ctrl.spot["gen_tokens_per_s"], "control run"
+    if "throughput_ratio" in run.spot:
+        return float(run.spot["throughput_ratio"]), "paired"
+    return None, ""
+
+
 COLUMNS = ("target", "drafter", "task", "mode", "budget", "T", "n", "accuracy", "stderr", "NFE/sample",
-           "tokens/forward", "batch size", "wall s", "tokens/s", "throughput ratio (q25-q75)", "exact match to control", "prefix cache",
+           "tokens/forward", "batch size", "wall s", "tokens/s", "tokens/s vs control", "throughput ratio (q25-q75)",
+           "exact match to control", "prefix cache",
            "identical to control", "accuracy diff", "McNemar p", "verdict")
 
 
@@ -197,6 +219,7 @@ def table_rows(runs: list[Run]) -> list[dict[str, Any]]:
         q = s.get("throughput_ratio_q25_q75")
         ratio = f"{s['throughput_ratio']:.2f} ({q[0]:.2f}-{q[1]:.2f})" if "throughput_ratio" in s and q else ""
         pair = paired_comparison(r, c) if r.mode != "control" and (c := _control_for(r, runs)) else {}
+        speed, source = speed_vs_control(r, runs)
         rows.append({
             "target": Path(r.target).name, "drafter": Path(r.drafter).name if r.drafter not in ("-", "shipped")
             else r.drafter, "task": r.task, "mode": r.mode, "budget": r.budget if r.mode != "control" else "",
@@ -205,7 +228,9 @@ def table_rows(runs: list[Run]) -> list[dict[str, Any]]:
             "NFE/sample": f"{s.get('nfe_per_sample', float('nan')):.2f}",
             "tokens/forward": f"{s.get('tokens_per_forward', float('nan')):.3f}",
             "batch size": s.get("batch_size", ""), "wall s": f"{s['wall_s']:.1f}" if "wall_s" in s else "",
-            "tokens/s": tokens_per_s(s), "throughput ratio (q25-q75)": ratio,
+            "tokens/s": tokens_per_s(s),
+            "tokens/s vs control": "" if speed is None else f"{speed:.2f}x" + (" (paired)" if source == "paired" else ""),
+            "throughput ratio (q25-q75)": ratio,
             "exact match to control": f"{s['exact_match_to_control']:.3f}" if "exact_match_to_control" in s else "",
             "prefix cache": s.get("prefix_cache", "exact"),
             "identical to control": f"{pair['identical']:.3f}" if "identical" in pair else "",
@@ -237,20 +262,35 @@ def plot(runs: list[Run], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    pts = [(float(r.spot.get("nfe_per_sample", float("nan"))), r.accuracy) for r in runs]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    nfe = [float(r.spot.get("nfe_per_sample", float("nan"))) for r in runs]
+    speed = [speed_vs_control(r, runs)[0] for r in runs]
     targets = sorted({r.target for r in runs})
-    for t in targets:
+    for c, t in enumerate(targets):
+        colour = f"C{c % 10}"
         idx = [i for i, r in enumerate(runs) if r.target == t]
-        ax.scatter([pts[i][0] for i in idx], [pts[i][1] for i in idx], label=Path(t).name, s=40)
-        for i in idx:
-            ax.annotate(runs[i].label.split(" ", 1)[1], pts[i], fontsize=7, xytext=(3, 3), textcoords="offset points")
-    front = sorted(pareto(pts), key=lambda i: pts[i][0])
-    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "k--", lw=1, label="Pareto front")
+        # One front per target: runs of different targets are not alternatives to each other.
+        for axis, ys in ((ax, [runs[i].accuracy for i in idx]), (ax2, [speed[i] for i in idx])):
+            keep = [(i, y) for i, y in zip(idx, ys, strict=True) if y is not None]
+            if not keep:
+                continue
+            pts = [(nfe[i], y) for i, y in keep]
+            axis.scatter([p[0] for p in pts], [p[1] for p in pts], color=colour, s=40, label=Path(t).name)
+            for (i, _), p in zip(keep, pts, strict=True):
+                lab = runs[i].label.split(" ", 1)[1] + f" N={runs[i].spot.get('batch_size', 1)}"
+                axis.annotate(lab, p, fontsize=7, xytext=(3, 3), textcoords="offset points")
+            front = sorted(pareto(pts), key=lambda k: pts[k][0])
+            axis.plot([pts[k][0] for k in front], [pts[k][1] for k in front], "--", color=colour, lw=1)
     ax.set_xlabel("NFE per sample")
     ax.set_ylabel("accuracy")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    ax.set_title("accuracy (dashed: each target's Pareto front)", fontsize=9)
+    ax2.axhline(1.0, color="k", lw=0.8)
+    ax2.set_xlabel("NFE per sample")
+    ax2.set_ylabel("tokens/s against control (same target, task, T, batch size)")
+    ax2.set_title("what the user waits for: above 1 is faster than control", fontsize=9)
+    for axis in (ax, ax2):
+        axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
     path = out / "accuracy_vs_nfe.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)

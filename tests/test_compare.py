@@ -92,3 +92,34 @@ def test_mcnemar_exact_matches_a_direct_binomial_sum(b, c):
 def test_pareto_front():
     pts = [(10.0, 0.9), (20.0, 0.95), (15.0, 0.85), (5.0, 0.5)]
     assert sorted(compare.pareto(pts)) == [0, 1, 3]
+
+
+def _fake_run(tmp_path, name: str, mode: str, batch: int, tok_s: float, nfe: float, paired_ratio: float | None = None):
+    """A results file as lm-eval writes it for spot-dlm (only the fields compare reads)."""
+    spot = {"mode": mode, "budget": "auto" if mode != "control" else None, "temperature": 0.0, "samples": 10,
+            "batch_size": batch, "gen_tokens_per_s": tok_s, "nfe_per_sample": nfe, "tokens_per_forward": 80 / nfe,
+            "wall_s": 1.0}
+    if paired_ratio is not None:
+        spot.update({"throughput_ratio": paired_ratio, "throughput_ratio_q25_q75": [paired_ratio, paired_ratio]})
+    data = {"config": {"model": "spot-dlm", "spot": spot, "spot_args": {"pretrained": "/t/target"}},
+            "results": {"spot_arith": {"exact_match,strict-match": 0.5, "exact_match_stderr,strict-match": 0.1}},
+            "versions": {"spot_arith": 1}, "n-samples": {"spot_arith": {"effective": 10}}}
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "results_x.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_speed_is_against_the_control_run_of_the_same_batch_size_and_a_slower_run_shows_it(tmp_path):
+    """A run with 3x fewer NFE that is 1.7x slower than control at its batch size reads 0.59x, not a win; the
+    control of another batch size is never its reference; a paired run without one uses its paired ratio."""
+    runs = [_fake_run(tmp_path, "c1", "control", 1, 200.0, 81.0), _fake_run(tmp_path, "c8", "control", 8, 600.0, 81.0),
+            _fake_run(tmp_path, "s1", "spot", 1, 400.0, 27.0), _fake_run(tmp_path, "s8", "spot", 8, 350.0, 27.0),
+            _fake_run(tmp_path, "s32", "spot", 32, 700.0, 27.0, paired_ratio=0.9)]
+    assert compare.main([*map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
+    rows = {(r["mode"], r["batch size"]): r for r in csv.DictReader((tmp_path / "cmp" / "compare.csv").open())}
+    assert rows[("spot", "1")]["tokens/s vs control"] == "2.00x"
+    assert rows[("spot", "8")]["tokens/s vs control"] == "0.58x"
+    assert rows[("spot", "32")]["tokens/s vs control"] == "0.90x (paired)"
+    assert rows[("control", "8")]["tokens/s vs control"] == "1.00x"
+    assert (tmp_path / "cmp" / "accuracy_vs_nfe.png").stat().st_size > 5000
