@@ -27,6 +27,12 @@ from lm_eval_spot.stopping import cut_text, make_stop_check
 
 log = logging.getLogger("lm_eval.spot")
 
+# Under budget=auto with adapt=auto, online adaptation (recording each commit, training between chunks) runs on a
+# chunk only when the policy drafted in at least this share of the previous chunk's rounds (so never on the first):
+# where drafting does not pay (a batch whose forward is compute-bound), a better drafter would not be used either,
+# and its cost would be pure loss. adapt=online adapts on every chunk.
+ADAPT_MIN_DRAFTED = 0.1
+
 
 @dataclass(frozen=True)
 class GenerationSetup:
@@ -50,6 +56,8 @@ class GenerationRunner:
         self.decode_s = 0.0  # wall time of the method's own decoding calls (chunks, not requests), running total
         self.adapt_observe_s = 0.0  # recording's share of the decodes' time, for the adaptation's cost
         self.online, self.recording = setup.online, setup.recording
+        self._drafted_share: float | None = None  # the policy's share of drafting rounds in the last chunk
+        self.adapt_skipped = 0  # chunks decoded without adaptation (budget=auto drafted too little before them)
 
     def run_chunk(self, chunk: list[Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
         """Decode a chunk of requests together; with paired control, also decode them draft-free (the oracle
@@ -80,6 +88,12 @@ class GenerationRunner:
         done: both costs are part of the time it adds)."""
         t0 = time.perf_counter()
         recording, online = self.recording, self.online
+        policy = self.setup.policy
+        if online is not None and policy is not None and self.setup.args.adapt == "auto" and (
+                self._drafted_share is None or self._drafted_share < ADAPT_MIN_DRAFTED):
+            online = None
+            self.adapt_skipped += 1
+        before = dict(policy.report.drafted_rows) if policy is not None else {}
         # One recorder per request feeds both (ids unique over the run: the buffer and the shards tell requests apart).
         source = recording if recording is not None else online
         recs = [source.recorder() for _ in chunk] if source is not None else None
@@ -98,6 +112,10 @@ class GenerationRunner:
                     self.adapt_observe_s += res.observe_s + spent
         if online is not None:
             online.update()  # between chunks: every round of the next chunk reads the new weights
+        if policy is not None:
+            rounds = {d: c - before.get(d, 0) for d, c in policy.report.drafted_rows.items()}
+            total = sum(rounds.values())
+            self._drafted_share = (total - rounds.get(0, 0)) / total if total else None
         self.decode_s += time.perf_counter() - t0
         return out
 
@@ -151,6 +169,7 @@ class GenerationRunner:
             return None
         out = online.summary()
         out["recording_s"] = round(self.adapt_observe_s, 3)
+        out["chunks_skipped"] = self.adapt_skipped  # budget=auto drafted in too few rounds before them
         # Of the method's own decoding time (adaptation included; paired control's decodes are not the method's).
         wall = self.stats.decode_wall_s
         out["share_of_wall"] = (online.seconds + self.adapt_observe_s) / wall if wall > 0 else None

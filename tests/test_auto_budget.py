@@ -191,3 +191,29 @@ def test_the_model_class_runs_the_policy_by_default_and_reports_it(tmp_path):
     assert sum(pol["drafted_rows_share"].values()) == pytest.approx(1.0, abs=1e-3)
     text = format_summary(spot_block)
     assert "budget=auto: rounds by drafted rows" in text and "start-up measurement s" in text
+
+
+@pytest.mark.parametrize("adapt", ["auto", "online"])
+def test_adaptation_under_auto_runs_only_after_chunks_that_drafted(tiny_target_dir, adapt):
+    """adapt=auto (the transfer drafter's default) adapts on a chunk only when budget=auto drafted in enough of the
+    previous chunk's rounds (never on the first): a policy made to find every drafted row too dear (a steep
+    start-up curve) leaves every chunk unadapted, at no recording or training cost. adapt=online always adapts."""
+    from dataclasses import replace
+
+    from lm_eval.api.instance import Instance
+
+    from lm_eval_spot.lm import SpotDLM
+
+    lm = SpotDLM(pretrained=str(tiny_target_dir), adapt=adapt, seed=3, batch_size=2)
+    assert lm.policy is not None and lm.online is not None
+    steep = StepPolicy(startup(lambda r: 1000.0 * r), DEPTH, 64)
+    lm.policy = steep
+    lm.generation.setup = replace(lm.generation.setup, policy=steep)
+    reqs = [Instance("generate_until", {}, (f"Hi {i}", {"until": ["\n\n"], "max_gen_toks": 12}), i) for i in range(6)]
+    lm.generate_until(reqs)
+    summary = lm.get_model_info()["spot"]
+    assert summary["budget_policy"]["drafted_rows_share"] == {"0": 1.0}
+    if adapt == "auto":
+        assert summary["adapt"]["chunks_skipped"] == 3 and summary["adapt"]["examples"] == 0
+    else:
+        assert summary["adapt"]["chunks_skipped"] == 0 and summary["adapt"]["examples"] > 0

@@ -74,10 +74,10 @@ def recovered(random_drafter, tmp_path_factory):
     """The embedded target drafted by a random-weight drafter: adapting (paired with control) and not."""
     out = tmp_path_factory.mktemp("adapted")
     reqs = _arith(40)
-    on = SpotDLM(drafter=str(random_drafter), adapt="online", control="paired", seed=0, drafter_out=str(out),
+    on = SpotDLM(budget=8, drafter=str(random_drafter), adapt="online", control="paired", seed=0, drafter_out=str(out),
                  adapt_roots=32)
     on.generate_until(reqs)
-    off = SpotDLM(drafter=str(random_drafter), adapt="off", seed=0)
+    off = SpotDLM(budget=8, drafter=str(random_drafter), adapt="off", seed=0)
     off.generate_until(reqs)
     return on, off, out
 
@@ -111,7 +111,7 @@ def test_the_adapted_drafter_is_kept_and_loads(recovered, random_drafter):
     for a, b in zip(model.state_dict().values(), on.online.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # what was saved is what the run ended with
     # the next run drafts with it: fewer NFE than the random start, outputs as exact
-    nxt = SpotDLM(drafter=str(out), adapt="off", seed=0)
+    nxt = SpotDLM(budget=8, drafter=str(out), adapt="off", seed=0)
     nxt.generate_until(_arith(8))
     first = [s.nfe for s in on.stats.samples[:8]]
     assert sum(s.nfe for s in nxt.stats.samples) < 0.8 * sum(first)
@@ -121,7 +121,7 @@ def test_the_adapted_drafter_is_kept_and_loads(recovered, random_drafter):
 def test_two_runs_with_one_seed_give_the_same_nfe_per_sample(tiny_target_dir, T, batch_size):
     runs = []
     for _ in range(2):
-        lm = SpotDLM(pretrained=str(tiny_target_dir), adapt="online", seed=5, batch_size=batch_size)
+        lm = SpotDLM(budget=8, pretrained=str(tiny_target_dir), adapt="online", seed=5, batch_size=batch_size)
         lm.generate_until(_short(12, T))
         runs.append(([s.nfe for s in lm.stats.samples], [p.detach().clone() for p in lm.online.model.parameters()]))
     assert runs[0][0] == runs[1][0]
@@ -130,7 +130,7 @@ def test_two_runs_with_one_seed_give_the_same_nfe_per_sample(tiny_target_dir, T,
 
 @pytest.mark.parametrize("T", [0.0, 1.0])
 def test_adapting_at_batch_size_n_stays_exact(tiny_target_dir, T):
-    lm = SpotDLM(pretrained=str(tiny_target_dir), adapt="online", control="paired", seed=2, batch_size=4)
+    lm = SpotDLM(budget=8, pretrained=str(tiny_target_dir), adapt="online", control="paired", seed=2, batch_size=4)
     lm.generate_until(_short(12, T))
     assert len(lm.paired.same) == 12 and all(lm.paired.same)
     assert lm.online.updates == 3  # one update per chunk of 4
@@ -139,7 +139,7 @@ def test_adapting_at_batch_size_n_stays_exact(tiny_target_dir, T):
 def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
     """Every round of a chunk drafts with one weight version; the version steps once per chunk, in order."""
     # chunks of 8 requests, an update owed every 4: an update made as requests finish would land mid-chunk
-    lm = SpotDLM(pretrained=str(tiny_target_dir), adapt="online", seed=1, batch_size=8)
+    lm = SpotDLM(budget=8, pretrained=str(tiny_target_dir), adapt="online", seed=1, batch_size=8)
     seen: list[tuple[int, int]] = []  # (chunk, version) per round that drafted
     chunk = [-1]
     begin, timed = LearnedOrder.begin, GenerationRunner._timed_decode

@@ -237,10 +237,10 @@ class StepPolicy:
     def plan(self, views: Sequence[StepView]) -> list[int]:
         """Drafted nodes for each live request this step (0: a control round, no drafter work)."""
         n = len(views)
-        gains = np.zeros((n, self.max_depth))
-        for i, v in enumerate(views):
-            if v.can_draft:
-                gains[i] = v.scale * self.record.rates(v.led)
+        if not any(v.can_draft for v in views):
+            return [0] * n
+        rates = (self.record.rates(False), self.record.rates(True))
+        gains = np.array([v.scale * rates[v.led] if v.can_draft else rates[0] * 0.0 for v in views])
         return allocate(gains, n, self.forward, self.rest.a, (self.draft.a, self.draft.b + self.rest.b))
 
     def observe_step(self, rows: int, forward_ms: float, rest_ms: float,

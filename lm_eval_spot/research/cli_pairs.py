@@ -7,8 +7,9 @@ results' `config.spot.gen_tokens_per_s`, at several batch sizes and temperatures
 
 Each --target is NAME=PATH[:MAX_GEN_TOKS] (an empty PATH: the embedded default). For each (target, T, N) the
 configurations (`mode=control`, the default, and each --extra model-args string, e.g. `budget=8`) run one after
-another as separate lm_eval processes, their order rotated from one cell to the next so machine drift spreads
-over all of them; every run logs its samples, and each configuration's generations are compared with control's.
+another as separate lm_eval processes, their order rotated from one cell to the next and, with --repeats 2, run
+again in the reverse order (A B B A), so machine drift spreads over all of them; a configuration's speed is the
+mean of its repeats. Every run logs its samples, and each configuration's generations are compared with control's.
 Writes results.json and table.md (ratios against control of the same target, T and N).
 """
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, default=120)
     ap.add_argument("--extra", action="append", default=[], help="another configuration's model args")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for each run (default: the plugin's)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per configuration and cell (A B B A order)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -75,24 +77,28 @@ def main(argv: list[str] | None = None) -> None:
             for N in a.sizes:
                 order = configs[cell % len(configs):] + configs[: cell % len(configs)]
                 cell += 1
-                runs = {}
-                for c in order:
-                    folder = a.out / "runs" / f"{name}_T{T:g}_N{N}_{c.replace('=', '-').replace(',', '_') or 'default'}"
-                    runs[c] = run_one(path, c, T, N, a.limit, int(mg) if mg else None, folder, a.threads)
-                    log.info("%s T=%g N=%d %s: %.1f tok/s, NFE %.2f", name, T, N, c or "default",
-                             runs[c]["spot"]["gen_tokens_per_s"], runs[c]["spot"]["nfe_per_sample"])
-                ctrl = runs["mode=control"]
+                runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+                for rep in range(a.repeats):
+                    for c in (order if rep % 2 == 0 else order[::-1]):
+                        label = c.replace("=", "-").replace(",", "_") or "default"
+                        folder = a.out / "runs" / f"{name}_T{T:g}_N{N}_{label}_r{rep}"
+                        runs[c].append(run_one(path, c, T, N, a.limit, int(mg) if mg else None, folder, a.threads))
+                        log.info("%s T=%g N=%d %s: %.1f tok/s, NFE %.2f", name, T, N, c or "default",
+                                 runs[c][-1]["spot"]["gen_tokens_per_s"], runs[c][-1]["spot"]["nfe_per_sample"])
+                speed = {c: sum(r["spot"]["gen_tokens_per_s"] for r in rs) / len(rs) for c, rs in runs.items()}
+                ctrl = runs["mode=control"][0]
                 for c in configs:
-                    s = runs[c]["spot"]
-                    same = sum(runs[c]["gens"][k] == g for k, g in ctrl["gens"].items())
+                    s = runs[c][0]["spot"]
+                    same = sum(r["gens"][k] == g for r in runs[c] for k, g in ctrl["gens"].items())
                     rows.append({
                         "target": name, "temperature": T, "batch_size": N, "config": c or "default",
-                        "tok_per_s": s["gen_tokens_per_s"], "nfe_per_sample": s["nfe_per_sample"],
-                        "ratio": s["gen_tokens_per_s"] / ctrl["spot"]["gen_tokens_per_s"],
-                        "identical_to_control": f"{same}/{len(ctrl['gens'])}",
+                        "tok_per_s": speed[c], "nfe_per_sample": s["nfe_per_sample"],
+                        "ratio": speed[c] / speed["mode=control"],
+                        "runs_tok_per_s": [round(r["spot"]["gen_tokens_per_s"], 1) for r in runs[c]],
+                        "identical_to_control": f"{same}/{len(ctrl['gens']) * len(runs[c])}",
                         "drafted_rows_share": (s.get("budget_policy") or {}).get("drafted_rows_share"),
                         "startup_s": (s.get("budget_policy") or {}).get("startup_s"),
-                        "command": runs[c]["command"],
+                        "command": runs[c][0]["command"],
                     })
                 a.out.mkdir(parents=True, exist_ok=True)
                 (a.out / "results.json").write_text(json.dumps(rows, indent=1))
@@ -101,13 +107,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def table(rows: list[dict[str, Any]], argv: list[str]) -> str:
     lines = ["python -m lm_eval_spot.research.cli_pairs " + " ".join(argv), "",
-             "| target | T | N | config | tok/s | vs control | NFE/sample | identical to control | rounds by drafted rows "
-             "| start-up s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| target | T | N | config | tok/s (mean) | runs | vs control | NFE/sample | identical to control "
+             "| rounds by drafted rows | start-up s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shares = r["drafted_rows_share"] or {}
         top = ", ".join(f"{d}: {100 * s:.0f}%" for d, s in sorted(shares.items(), key=lambda kv: -kv[1])[:3])
         lines.append(f"| {r['target']} | {r['temperature']:g} | {r['batch_size']} | {r['config']} | "
-                     f"{r['tok_per_s']:.1f} | {r['ratio']:.2f}x | {r['nfe_per_sample']:.2f} | "
+                     f"{r['tok_per_s']:.1f} | {' / '.join(map(str, r['runs_tok_per_s']))} | {r['ratio']:.2f}x | {r['nfe_per_sample']:.2f} | "
                      f"{r['identical_to_control']} | {top} | {r['startup_s'] if r['startup_s'] is not None else ''} |")
     return "\n".join(lines) + "\n"
 
