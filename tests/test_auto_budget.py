@@ -43,7 +43,9 @@ def with_clock(monkeypatch, adapter, cost) -> FakeClock:
     inner = adapter.forward_many
 
     def forward(calls):
-        clock.now += cost(sum(int(c.states.shape[0]) for c in calls)) / 1000
+        # The forward's true rows: states, finished blocks riding along, the lookahead's next-block row.
+        clock.now += cost(sum(int(c.states.shape[0]) + c.session.pending_blocks + (c.ahead is not None)
+                              for c in calls)) / 1000
         return inner(calls)
 
     monkeypatch.setattr(adapter, "forward_many", forward)
@@ -91,16 +93,16 @@ def test_host_work_outside_the_forward_makes_a_committed_token_worth_more():
 # ---- what the policy learns -------------------------------------------------------------------------------------
 def test_the_acceptance_record_follows_verdicts_stays_non_increasing_and_drifts_back_when_untried():
     rec = AcceptanceRecord(4)
-    assert rec.rates(False) == pytest.approx([PRIOR_ACCEPT] * 4)
+    assert rec.rates(False) == pytest.approx([PRIOR_ACCEPT ** k for k in (1, 2, 3, 4)])
     for _ in range(50):
         rec.add(False, 2, [1])  # the best node accepted, the second never
         rec.forget()
     a = rec.rates(False)
     assert a[0] > 0.9 * (50 / 52) and a[1] < 0.1 and list(a) == sorted(a, reverse=True)
-    assert rec.rates(True) == pytest.approx([PRIOR_ACCEPT] * 4)  # lead rounds are learned apart
+    assert rec.rates(True) == pytest.approx([PRIOR_ACCEPT ** k for k in (1, 2, 3, 4)])  # lead rounds: apart
     for _ in range(2000):  # ranks left untried lean back to the optimistic prior: they get tried again
         rec.forget()
-    assert rec.rates(False)[1] > 0.8
+    assert rec.rates(False)[1] > 0.75
 
 
 def test_the_cost_curves_learn_the_steps_real_costs_and_shrug_off_a_stall():
@@ -122,13 +124,14 @@ def test_the_cost_curves_learn_the_steps_real_costs_and_shrug_off_a_stall():
 @pytest.mark.parametrize("T", [0.0, 1.0])
 @pytest.mark.parametrize("bs", [1, 4])
 def test_a_steep_cost_drafts_nothing_and_a_flat_one_drafts(monkeypatch, T, bs):
-    """Rows that cost 10 ms each: the policy drafts 0 rows in every round, the run's NFE and host bytes are
-    control's (no stale summary crossed: no drafter work at all). A forward whose cost does not grow with its rows:
-    it drafts, and saves forwards. Every output equals control's."""
+    """A forward whose cost grows steeply with its rows (10 ms x rows squared: a drafted row always costs more
+    than the tokens it can bring, even beside a finished block riding along): the policy drafts 0 rows in every
+    round, the run's NFE and host bytes are control's (no stale summary crossed: no drafter work at all). A forward
+    whose cost does not grow with its rows: it drafts, and saves forwards. Every output equals control's."""
     L = 8
     adapter = adapter_for(L, seed=3, scale=1.0)
     control = [decode(adapter, j.prompt_ids, j.cfg, j.seed) for j in jobs_for(L, T, None, n=6, lookahead=True)]
-    for cost, drafts in ((lambda r: 10.0 * r, False), (lambda r: 10.0, True)):
+    for cost, drafts in ((lambda r: 10.0 * r * r, False), (lambda r: 10.0, True)):
         with_clock(monkeypatch, adapter, cost)
         prop = spot()
         prop.order.refresh()
@@ -217,3 +220,37 @@ def test_adaptation_under_auto_runs_only_after_chunks_that_drafted(tiny_target_d
         assert summary["adapt"]["chunks_skipped"] == 3 and summary["adapt"]["examples"] == 0
     else:
         assert summary["adapt"]["chunks_skipped"] == 0 and summary["adapt"]["examples"] > 0
+
+
+def test_the_start_up_measurement_times_every_row_count_it_will_price():
+    """On a tiny target: the forward timed at 1..16 rows and on a grid up to 6 rows per request of the batch
+    size, every figure positive, the curve it gives never falling with rows; drafting's costs non-negative."""
+    from lm_eval_spot.budget import measure_startup, row_grid
+
+    assert row_grid(8)[:8] == tuple(range(1, 9)) and row_grid(8)[-1] == 8
+    grid = row_grid(48)
+    assert grid[:16] == tuple(range(1, 17)) and grid[-1] == 48 and list(grid) == sorted(set(grid))
+    adapter = adapter_for(8, seed=3, scale=1.0)
+    costs = measure_startup(adapter, spot(), batch_size=4, gen_length=24, repeats=2)
+    assert costs.rows == row_grid(24) and all(ms > 0 for ms in costs.forward_ms)
+    curve = costs.curve(40)
+    assert all(b >= a for a, b in zip(curve[1:], curve[2:])) and curve[30] >= curve[24]
+    assert costs.draft_fixed_ms >= 0 and costs.draft_node_ms >= 0 and costs.seconds > 0
+
+
+def test_drafting_that_costs_more_than_estimated_is_scaled_up_from_the_measurements():
+    """Steps without drafting run at their estimate; steps that draft take twice the estimated addition: the
+    check's scale goes to 2, and `allocate` then weighs drafting's added cost at twice the estimate (a choice
+    that paid at the estimate no longer does)."""
+    from lm_eval_spot.decoding.step_policy import DraftingCheck
+
+    check = DraftingCheck()
+    assert check.scale == 1.0
+    for _ in range(30):
+        check.observe(measured=20.0, base=20.0, added=0.0)
+        check.observe(measured=20.0 + 2 * 8.0, base=20.0, added=8.0)
+    assert check.scale == pytest.approx(2.0, rel=0.02)
+    gains = np.full((4, DEPTH), 0.5)
+    cost = [10.0 + 2.0 * r for r in range(100)]
+    assert sum(allocate(gains, 4, cost, 2.0, (0.5, 0.0))) > 0
+    assert sum(allocate(gains, 4, cost, 2.0, (0.5, 0.0), scale=check.scale)) == 0

@@ -81,7 +81,8 @@ def decode_many(
         going = [(i, req, pace) for i, req, pace in live if req.start_round()]
         budgets: list[int | None] = [None] * len(going)
         if policy is not None:
-            budgets = list(policy.plan([StepView(req.can_draft, req.leads, pace.scale if pace else 1.0)
+            budgets = list(policy.plan([StepView(req.can_draft, req.leads, pace.scale if pace else 1.0,
+                                                 1 + req.pending_rows, req.masked_left if req.may_look_ahead else -1)
                                         for _, req, pace in going]))
         drafting_s: dict[int, float] = {}
         for (i, req, _), b in zip(going, budgets, strict=True):
@@ -110,7 +111,7 @@ def decode_many(
         if tally is not None and step:
             tally.steps += 1
             tally.forwards += (counter.forwards - before) if counter is not None else len(step)
-        total_rows = sum(req.rows for _, req, _ in step)
+        total_rows = sum(req.forward_rows for _, req, _ in step)
         for (i, req, _), (lg, ahead) in zip(step, outs, strict=True):
             try:
                 req.advance(lg, ahead)

@@ -107,7 +107,7 @@ class RequestDecode:
         # Commits for the observer, summarised in batches (observe.PendingCommits).
         self.observed = PendingCommits(observer, self.link) if observer is not None else None
         self.on_verify = getattr(observer, "on_verify", None)
-        self.committed = self.rounds = self._rows = 0
+        self.committed = self.rounds = self._rows = self.pending_rows = 0
         self.drafted: list[int] = []
         self.accepted: list[int] = []
         self.last_accepted_ranks: tuple[int, ...] = ()
@@ -148,7 +148,25 @@ class RequestDecode:
         for _ in range(self.blocks.roll()):
             self._block_begun()
         self.clock.start()
+        # Finished blocks that ride along with this forward (block-causal: one row each), read before it runs.
+        self.pending_rows = int(getattr(self.session, "pending_blocks", 0))
         return True
+
+    @property
+    def masked_left(self) -> int:
+        """Masked slots of the active block inside the generation window."""
+        return self.blocks.masked_left()
+
+    @property
+    def may_look_ahead(self) -> bool:
+        """A drafting round that can finish the block would add a lookahead row (the next block's)."""
+        return self.look.enabled and not self.blocks.is_last()
+
+    @property
+    def forward_rows(self) -> int:
+        """Rows the round's forward really carries: its states (padding and a lookahead completion included), the
+        finished blocks riding along, and the lookahead's next-block row (the adapter adds it)."""
+        return self._rows + self.pending_rows + (self.look.row is not None)
 
     @property
     def can_draft(self) -> bool:

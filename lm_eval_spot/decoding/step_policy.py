@@ -26,7 +26,10 @@ import numpy as np
 
 log = logging.getLogger("lm_eval.spot")
 
-PRIOR_ACCEPT = 0.9  # an untried rank's acceptance: optimistic, so every rank gets tried where a sure node could pay
+# An untried rank k's acceptance: PRIOR_ACCEPT ** k (the embedded target's own drafter measured 0.91, 0.83, 0.72,
+# 0.61, 0.51 for k = 1..5): hopeful enough that ranks get tried where drafting could pay, and no flat 0.9 for rank
+# 16, which once made every request of a 32-request batch draft 16 nodes in the first step (845 ms, 18x a step).
+PRIOR_ACCEPT = 0.9
 PRIOR_WEIGHT = 2.0  # pseudo-rounds behind that prior
 FORGET = 0.995  # per step, for the acceptance record: a rank left untried for ~200 steps leans back to the prior
 REQUEST_PRIOR = 4.0  # pseudo-acceptances that hold a request's own scale near 1 early on
@@ -35,6 +38,9 @@ COST_DECAY = 0.98  # per observation, for the learned costs: about 50 observatio
 # lookahead adds, a drafting round's verification, another process's load), and a choice that the estimates put
 # a few percent ahead measured a few percent behind (embedded target, batch size 8: +4% estimated, -6% measured).
 MIN_GAIN = 0.10
+# While nothing pays, the full choice runs every IDLE_EVERY-th step only (its inputs move slowly; at batch size 8 on
+# this CPU a step costs ~11 ms and the choice ~0.15 ms): drafting resumes at most IDLE_EVERY - 1 steps late.
+IDLE_EVERY = 4
 
 
 @dataclass(frozen=True)
@@ -129,11 +135,12 @@ class AcceptanceRecord:
         self.depth = depth
         self._acc = np.zeros((2, depth))
         self._n = np.zeros((2, depth))
+        self._prior = PRIOR_ACCEPT ** np.arange(1, depth + 1)
 
     def rates(self, led: bool) -> np.ndarray:
         """a_1 .. a_depth, made non-increasing (a deeper rank is never worth more: its tree holds the shallower)."""
         k = int(led)
-        a = (self._acc[k] + PRIOR_WEIGHT * PRIOR_ACCEPT) / (self._n[k] + PRIOR_WEIGHT)
+        a = (self._acc[k] + PRIOR_WEIGHT * self._prior) / (self._n[k] + PRIOR_WEIGHT)
         return np.minimum.accumulate(a)
 
     def add(self, led: bool, drafted: int, accepted_ranks: Sequence[int]) -> None:
@@ -168,16 +175,28 @@ class StepView:
     can_draft: bool  # it has stale conditionals to draft from (a block's first round without lookahead has none)
     led: bool  # its tree leads with the target's own transition at the root
     scale: float  # RequestPace.scale
+    rows: int = 1  # rows its round carries without drafting (the root, and finished blocks riding along)
+    # Masked slots left in its block when a drafting round that reaches the block's end adds a lookahead row
+    # (the next block's); -1: it never does (no lookahead, or the last block)
+    ahead_at: int = -1
+
+    def extra_rows(self, depth: int) -> np.ndarray:
+        """Rows beyond its drafted nodes when drafting d = 1 .. depth: the lookahead row, once a tree of d nodes
+        can reach a state with at most one masked slot."""
+        d = np.arange(1, depth + 1)
+        return ((self.ahead_at >= 0) & (d + 1 >= self.ahead_at)).astype(np.int64)
 
 
 def allocate(gains: np.ndarray, base_rows: int, forward: RowCosts | Sequence[float], host_ms: float,
-             draft: LinearCost | tuple[float, float], min_gain: float = MIN_GAIN) -> list[int]:
+             draft: LinearCost | tuple[float, float], min_gain: float = MIN_GAIN,
+             extra: np.ndarray | None = None, scale: float = 1.0) -> list[int]:
     """Drafted nodes per request maximising (n + sum of the chosen gains) / (forward(base_rows + drafted rows) +
     host_ms + drafting), where a request drafting d > 0 nodes costs draft_fixed + d x draft_node of host work;
     nothing is drafted unless the best choice's rate beats a control step's by the factor 1 + min_gain.
 
     gains [n, D]: row i the expected accepted nodes of request i's best 1 .. D nodes, each a non-increasing step
-    (0 where it cannot draft). The candidates are "the k requests with the largest gain at depth d each draft d",
+    (0 where it cannot draft); extra [n, D]: rows request i's round adds beyond its d nodes (a lookahead row);
+    scale: what drafting really costs against these estimates (`DraftingCheck`), applied to its added cost. The candidates are "the k requests with the largest gain at depth d each draft d",
     for every k and d, the forward priced at the step's TOTAL rows (a row's marginal cost, as the batch sees it)."""
     n, depth = gains.shape
     fixed, node = (draft.a, draft.b) if isinstance(draft, LinearCost) else draft
@@ -191,8 +210,11 @@ def allocate(gains: np.ndarray, base_rows: int, forward: RowCosts | Sequence[flo
     ks = np.arange(1, n + 1)[:, None]
     ds = np.arange(1, depth + 1)[None, :]
     rows = base_rows + ks * ds
+    if extra is not None:
+        rows = rows + np.cumsum(np.take_along_axis(extra, order, axis=0), axis=0)
     fwd = np.vectorize(price, otypes=[float])(rows) if not isinstance(forward, RowCosts) else _table(forward, rows)
-    rate = (n + top) / (fwd + host_ms + ks * fixed + ks * ds * node)
+    base = price(base_rows)
+    rate = (n + top) / (base + host_ms + scale * (fwd - base + ks * fixed + ks * ds * node))
     k, d = np.unravel_index(int(np.argmax(rate)), rate.shape)
     if rate[k, d] <= best_rate * (1.0 + min_gain) or top[k, d] <= 0:
         return [0] * n
@@ -206,6 +228,41 @@ def _table(costs: RowCosts, rows: np.ndarray) -> np.ndarray:
     t = costs.table
     inside = np.minimum(rows, len(t) - 1)
     return np.where(rows < len(t), t[inside], t[-1] + (t[-1] - t[-2]) * (rows - len(t) + 1))
+
+
+class DraftingCheck:
+    """How far off the estimates are where it matters: a step's measured time against its prediction, for steps
+    that drafted nothing (ratio r0) and for the part drafting added (scale = (measured - r0 x predicted base) /
+    predicted addition, over drafting steps, with forgetting). Near break-even the estimates' errors decide: on the
+    embedded target at batch size 8, drafting predicted +7% measured +4% in one run and -11% in another. The scale
+    (clipped to 0.5 .. 4) multiplies drafting's added cost in `allocate`, so drafting that costs more than its
+    estimate is cut back from the measurements themselves."""
+
+    def __init__(self, decay: float = COST_DECAY) -> None:
+        self.decay = decay
+        self._r0 = [0.0, 0.0]  # sum of measured / predicted, weight (steps without drafting)
+        self._extra = [0.0, 0.0]  # sum of (measured - r0 x base), sum of predicted additions (drafting steps)
+        self.drafting_steps = 0
+
+    @property
+    def r0(self) -> float:
+        return self._r0[0] / self._r0[1] if self._r0[1] > 0 else 1.0
+
+    @property
+    def scale(self) -> float:
+        if self.drafting_steps < 3 or self._extra[1] <= 0:  # a step or two cannot swing it
+            return 1.0
+        return min(max(self._extra[0] / self._extra[1], 0.5), 4.0)
+
+    def observe(self, measured: float, base: float, added: float) -> None:
+        if base <= 0:
+            return
+        if added <= 0:
+            self._r0 = [self.decay * self._r0[0] + min(measured / base, 3.0), self.decay * self._r0[1] + 1.0]
+            return
+        spent = min(measured - self.r0 * base, 4.0 * added)  # a step stalled by another process says little
+        self._extra = [self.decay * self._extra[0] + spent, self.decay * self._extra[1] + added]
+        self.drafting_steps += 1
 
 
 @dataclass
@@ -234,7 +291,10 @@ class StepPolicy:
         # is verification's extra work per drafted row.
         self.rest = LinearCost(0.0, 0.0, prior=0.5)
         self.record = AcceptanceRecord(max_depth)
+        self.check = DraftingCheck()
         self.report = PolicyReport()
+        self._base_rows = 0  # the last plan's rows without drafting
+        self._idle = 0  # consecutive plans that drafted nothing
 
     def pace(self) -> RequestPace:
         return RequestPace()
@@ -242,17 +302,30 @@ class StepPolicy:
     def plan(self, views: Sequence[StepView]) -> list[int]:
         """Drafted nodes for each live request this step (0: a control round, no drafter work)."""
         n = len(views)
-        if not any(v.can_draft for v in views):
+        self._base_rows = sum(v.rows for v in views)
+        if self._idle % IDLE_EVERY or not any(v.can_draft for v in views):
+            self._idle += bool(self._idle)
             return [0] * n
         rates = (self.record.rates(False), self.record.rates(True))
-        gains = np.array([v.scale * rates[v.led] if v.can_draft else rates[0] * 0.0 for v in views])
-        return allocate(gains, n, self.forward, self.rest.a, (self.draft.a, self.draft.b + self.rest.b))
+        zero = np.zeros(self.max_depth)
+        gains = np.array([v.scale * rates[v.led] if v.can_draft else zero for v in views])
+        extra = np.array([v.extra_rows(self.max_depth) if v.ahead_at >= 0 else zero for v in views], dtype=np.int64)
+        out = allocate(gains, self._base_rows, self.forward, self.rest.a,
+                       (self.draft.a, self.draft.b + self.rest.b), extra=extra, scale=self.check.scale)
+        self._idle = 0 if any(out) else 1
+        return out
 
     def observe_step(self, rows: int, forward_ms: float, rest_ms: float,
                      drafting: Sequence[tuple[int, float]]) -> None:
         """A step as it ran: its forward (total rows, ms), its other host work, and per drafting request (nodes
         drafted, ms of its drafting work)."""
         self.report.steps += 1
+        nodes = sum(d for d, _ in drafting)
+        base_rows = min(self._base_rows or rows, rows)
+        base = self.forward(base_rows) + self.rest.a
+        added = (self.forward(rows) - self.forward(base_rows) + len(drafting) * self.draft.a
+                 + nodes * (self.draft.b + self.rest.b)) if drafting else 0.0
+        self.check.observe(forward_ms + rest_ms + sum(ms for _, ms in drafting), base, added)
         self.forward.observe(rows, forward_ms)
         self.rest.observe(sum(nodes for nodes, _ in drafting), rest_ms)
         for nodes, ms in drafting:
@@ -278,6 +351,7 @@ class StepPolicy:
             "cost_curve_ms": {str(r): round(ms, 3) for r, ms in zip(s.rows, s.forward_ms, strict=True)},
             "cost_curve_fit": {"offset_ms": round(self.forward.fitted[0], 3), "scale": round(self.forward.fitted[1], 3)},
             "draft_ms": {"per_request": round(self.draft.a, 3), "per_node": round(self.draft.b, 3)},
+            "drafting_cost_vs_estimate": round(self.check.scale, 3),
             "acceptance_by_rank": [round(float(a), 3) for a in self.record.rates(False)],
             "startup_s": round(s.seconds, 3),
         }
