@@ -40,7 +40,7 @@ COST_DECAY = 0.98  # per observation, for the learned costs: about 50 observatio
 MIN_GAIN = 0.10
 # While nothing pays, the full choice runs every IDLE_EVERY-th step only (its inputs move slowly; at batch size 8 on
 # this CPU a step costs ~11 ms and the choice ~0.15 ms): drafting resumes at most IDLE_EVERY - 1 steps late.
-IDLE_EVERY = 4
+IDLE_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -75,20 +75,32 @@ class RowCosts:
         self.t0 = startup.curve(max(size, 2))
         self.decay, self.prior = decay, prior
         self._ends = (float(self.t0[1]), float(self.t0[min(len(self.t0) - 1, startup.rows[-1])]))
-        self._sums = np.zeros(5)  # w, sx, sy, sxx, sxy
+        self._t0 = self.t0.tolist()  # read per step: Python floats, no numpy call per step
+        self._sums = [0.0] * 5  # w, sx, sy, sxx, sxy (Python floats: this runs every step)
         self.fitted = (0.0, 1.0)
-        self.table = self.t0.copy()
+        self._table: np.ndarray | None = self.t0.copy()
         self.seen = 0
 
+    @property
+    def table(self) -> np.ndarray:
+        """ms at 0 .. size - 1 rows, rebuilt only when a choice reads it after a refit."""
+        if self._table is None:
+            a, s = self.fitted
+            self._table = np.maximum(a + s * self.t0, 0.0)
+        return self._table
+
     def __call__(self, rows: int) -> float:
-        t = self.table
-        return float(t[rows]) if rows < len(t) else float(t[-1] + (t[-1] - t[-2]) * (rows - len(t) + 1))
+        t0, (a, s) = self._t0, self.fitted
+        if rows < len(t0):
+            return max(a + s * t0[rows], 0.0)
+        return max(a + s * (t0[-1] + (t0[-1] - t0[-2]) * (rows - len(t0) + 1)), 0.0)
 
     def observe(self, rows: int, ms: float) -> None:
-        x = float(self.t0[min(rows, len(self.t0) - 1)])
+        x = self._t0[min(rows, len(self._t0) - 1)]
         a, s = self.fitted
         y = min(ms, 3.0 * (a + s * x))
-        self._sums = self.decay * self._sums + np.array([1.0, x, y, x * x, x * y])
+        d = self.decay
+        self._sums = [d * v + o for v, o in zip(self._sums, (1.0, x, y, x * x, x * y), strict=True)]
         self.seen += 1
         w, sx, sy, sxx, sxy = self._sums
         p, (e1, e2) = self.prior, self._ends
@@ -99,7 +111,7 @@ class RowCosts:
         s = min(max(cov / var, 0.25), 4.0) if var > 1e-12 else 1.0
         a = my - s * mx
         self.fitted = (a, s)
-        self.table = np.maximum(a + s * self.t0, 0.0)
+        self._table = None
 
 
 class LinearCost:
@@ -108,18 +120,19 @@ class LinearCost:
     def __init__(self, a0: float, b0: float, x0: float = 4.0, decay: float = COST_DECAY, prior: float = 2.0) -> None:
         self.decay = decay
         # The prior as two pseudo-observations, at x = 0 and at x = x0: a line through them is (a0, b0).
-        self._prior = np.array([2 * prior, prior * x0, prior * (2 * a0 + b0 * x0), prior * x0 * x0,
-                                prior * x0 * (a0 + b0 * x0)])
-        self._sums = np.zeros(5)
+        self._prior = (2 * prior, prior * x0, prior * (2 * a0 + b0 * x0), prior * x0 * x0,
+                       prior * x0 * (a0 + b0 * x0))
+        self._sums = [0.0] * 5  # Python floats: this runs every step
         self.a, self.b = a0, b0
 
     def __call__(self, x: float) -> float:
         return self.a + self.b * x
 
     def observe(self, x: float, ms: float) -> None:
-        cap = 3.0 * max(self(x), 1e-3)
-        self._sums = self.decay * self._sums + np.array([1.0, x, min(ms, cap), x * x, x * min(ms, cap)])
-        w, sx, sy, sxx, sxy = self._sums + self._prior
+        y = min(ms, 3.0 * max(self(x), 1e-3))
+        d = self.decay
+        self._sums = [d * v + o for v, o in zip(self._sums, (1.0, x, y, x * x, x * y), strict=True)]
+        w, sx, sy, sxx, sxy = (v + p for v, p in zip(self._sums, self._prior, strict=True))
         var = sxx / w - (sx / w) ** 2
         b = ((sxy / w - sx * sy / w / w) / var) if var > 1e-12 else self.b
         self.b = max(b, 0.0)
@@ -136,15 +149,25 @@ class AcceptanceRecord:
         self._acc = np.zeros((2, depth))
         self._n = np.zeros((2, depth))
         self._prior = PRIOR_ACCEPT ** np.arange(1, depth + 1)
+        self._unforgotten = 0  # forget() calls not yet applied (applied on the next read or write, not per step)
+
+    def _settle(self) -> None:
+        if self._unforgotten:
+            f = FORGET ** self._unforgotten
+            self._acc *= f
+            self._n *= f
+            self._unforgotten = 0
 
     def rates(self, led: bool) -> np.ndarray:
         """a_1 .. a_depth, made non-increasing (a deeper rank is never worth more: its tree holds the shallower)."""
+        self._settle()
         k = int(led)
         a = (self._acc[k] + PRIOR_WEIGHT * self._prior) / (self._n[k] + PRIOR_WEIGHT)
         return np.minimum.accumulate(a)
 
     def add(self, led: bool, drafted: int, accepted_ranks: Sequence[int]) -> None:
         """A verdict: `drafted` nodes (ranks 1 .. drafted), the accepted ones among them by rank."""
+        self._settle()
         k, d = int(led), min(drafted, self.depth)
         self._n[k, :d] += 1.0
         for r in accepted_ranks:
@@ -152,8 +175,7 @@ class AcceptanceRecord:
                 self._acc[k, r - 1] += 1.0
 
     def forget(self) -> None:
-        self._acc *= FORGET
-        self._n *= FORGET
+        self._unforgotten += 1
 
 
 @dataclass
