@@ -15,7 +15,8 @@ from lm_eval_spot.distributed import padding_count
 
 # spot_arith: 5 documents over 2 ranks gives 3 + 2, so lm-eval pads rank 1 with one copy (the case to get right).
 LIMIT = 5
-ARGS = ["--model", "spot-dlm", "--model_args", "seed=3,control=paired", "--tasks", "spot_arith",
+# A fixed budget: equal NFE across process counts is a fixed-budget guarantee (budget=auto follows measured costs).
+ARGS = ["--model", "spot-dlm", "--model_args", "seed=3,control=paired,budget=8", "--tasks", "spot_arith",
         "--limit", str(LIMIT), "--log_samples", "--gen_kwargs", "temperature=1,do_sample=true,max_gen_toks=64"]
 
 
@@ -97,7 +98,7 @@ def test_padding_count_reads_lm_evals_tail_copies():
 def test_two_ranks_adapt_independently_exactly_and_report_each_rank(tmp_path):
     """adapt=online under data parallel: each rank adapts its own copy on its own requests; outputs equal the
     single process's (and control's), and config.spot.adapt reports both ranks."""
-    extra = ("--model_args", "seed=3,control=paired,adapt=online")
+    extra = ("--model_args", "seed=3,control=paired,adapt=online,budget=8")
     one, one_samples = _run([sys.executable, "-m", "lm_eval"], tmp_path / "one", *extra)
     two, two_samples = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              "-m", "lm_eval"], tmp_path / "two", *extra)
