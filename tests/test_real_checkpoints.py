@@ -87,13 +87,19 @@ def test_card_default_command_runs_gsm8k_in_control_and_spot(ckpts, name, tmp_pa
     stops = set(control["config"]["spot_target"]["stop_ids"])
     end_of_turn = {"sdar": 151645, "dream": 151645, "llada": 126348}[FAMILY[name]]
     assert end_of_turn in stops and tok.convert_tokens_to_ids(tok.eos_token) in stops
-    for T, extra in ((0, gen), (1, gen + ",temperature=1.0,do_sample=true")):
-        spot = _cli(["--model_args", f"card={spot_card},pretrained={folder},control=paired", "--gen_kwargs", extra],
-                    tmp_path / f"spot_T{T}")
+    # T = 0: the card's default budget (auto: drafts only where it pays, so NFE may equal control's on a CPU whose
+    # forward grows with its rows); T = 1 with a fixed budget, so the drafting itself is exercised on every family.
+    for T, extra, budget in ((0, gen, ""), (1, gen + ",temperature=1.0,do_sample=true", ",budget=8")):
+        spot = _cli(["--model_args", f"card={spot_card},pretrained={folder},control=paired{budget}", "--gen_kwargs",
+                     extra], tmp_path / f"spot_T{T}")
         s = spot["config"]["spot"]
         assert s["mode"] == "spot" and s["temperature"] == T and s["samples"] == 2
         assert s["exact_match_to_control"] == 1.0, s
-        assert s["nfe_per_sample"] < s["control_nfe_per_sample"]
+        if budget:
+            assert s["nfe_per_sample"] < s["control_nfe_per_sample"]
+        else:
+            assert s["budget"] == "auto" and s["budget_policy"]["startup_s"] > 0, s
+            assert s["nfe_per_sample"] <= s["control_nfe_per_sample"]
         assert s["drafter"] == "spot-transfer-drafter", s  # the card's drafter: the shipped transfer one
         if T == 0 and spot_card == card:  # the same command in control, in another process, wrote the same text
             assert [x["resps"] for x in spot["_samples"]] == [x["resps"] for x in control["_samples"]]
