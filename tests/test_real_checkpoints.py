@@ -108,13 +108,14 @@ def test_card_default_command_runs_gsm8k_in_control_and_spot(ckpts, name, tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["", "-b8", "-b16", "-b32", "-b64"])
 def test_every_sdar_block_variant_runs_spot_exactly(ckpts, variant):
-    """SDAR's card and each block variant, default mode and drafter: SPOT == control at T=0 and T=1."""
+    """SDAR's card and each block variant, default mode and drafter: SPOT == control at T=0 and T=1 (at a fixed
+    budget, so every variant drafts: budget=auto may choose control's rounds where the rows cost too much)."""
     from lm_eval.api.instance import Instance
 
     from lm_eval_spot.lm import SpotDLM
 
     lm = SpotDLM(card="sdar-1.7b-chat" + variant, pretrained=str(ckpts["sdar-1.7b-chat"]), control="paired",
-                 dtype="float32", seed=5)
+                 dtype="float32", seed=5, budget=8)
     assert lm.adapter.info.block_len == {"": 4, "-b8": 8, "-b16": 16, "-b32": 32, "-b64": 64}[variant]
     assert lm.drafter_path is not None and lm.drafter_path.name == "spot-transfer-drafter"
     reqs = [Instance("generate_until", {}, (q, {"until": ["<|im_end|>"], "max_gen_toks": 40, **kw}), i)
