@@ -121,9 +121,9 @@ def decode_many(
             drafts = [(req.drafted[-1], 1000 * drafting_s[i]) for i, req, _ in going if req.drafted[-1] > 0]
             rest = time.perf_counter() - step_t0 - forward - sum(ms for _, ms in drafts) / 1000
             policy.observe_step(total_rows, 1000 * forward, 1000 * rest, drafts)
-            for (i, req, pace), b in zip(going, budgets, strict=True):
+            for _, req, pace in going:
                 assert pace is not None
-                policy.verdict(pace, req.drafting.led, b or 0, req.drafted[-1], req.last_accepted_ranks)
+                policy.verdict(pace, req.drafting.led, req.drafted[-1], req.last_accepted_ranks)
         still = []
         for i, req, pace in live:
             if req.result is None:

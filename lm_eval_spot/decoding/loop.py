@@ -98,7 +98,6 @@ class RequestDecode:
                                   cfg.temperature, adapter.device)
         self.stops = StopWatch(self.info.stop_ids, stop_check, cfg.max_gen_toks)
         rejection = verify == "rejection" and cfg.temperature > 0  # at T=0 both are the same greedy check
-        self.verifier_kind = "rejection" if rejection else "coupled"
         self.verifier = make_verifier(rejection, seed, cfg, self.link)
         self.drafting = DraftingPhase(proposer, cfg.temperature, cfg.truncation, rejection, self.link)
         self.look = Lookahead(proposer is not None and cfg.lookahead and not cfg.pad_rows
@@ -177,7 +176,7 @@ class RequestDecode:
     def leads(self) -> bool:
         """This round's stale conditionals are the root's own (an exact lookahead's): its tree leads with the
         target's own transition, a node all but sure to be accepted."""
-        return self._fresh and self.verifier_kind == "coupled"
+        return self._fresh and not self.drafting.rejection
 
     def begin_drafting(self, budget: int | None = None) -> None:
         """The proposer's context for this round (`draft_ctx`). budget: the most nodes it drafts (None: the

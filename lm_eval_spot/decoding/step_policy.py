@@ -79,7 +79,6 @@ class RowCosts:
         self._sums = [0.0] * 5  # w, sx, sy, sxx, sxy (Python floats: this runs every step)
         self.fitted = (0.0, 1.0)
         self._table: np.ndarray | None = self.t0.copy()
-        self.seen = 0
 
     @property
     def table(self) -> np.ndarray:
@@ -101,7 +100,6 @@ class RowCosts:
         y = min(ms, 3.0 * (a + s * x))
         d = self.decay
         self._sums = [d * v + o for v, o in zip(self._sums, (1.0, x, y, x * x, x * y), strict=True)]
-        self.seen += 1
         w, sx, sy, sxx, sxy = self._sums
         p, (e1, e2) = self.prior, self._ends
         n = w + 2 * p
@@ -292,7 +290,6 @@ class PolicyReport:
     """What the run summary shows of the policy."""
 
     drafted_rows: Counter[int] = field(default_factory=Counter)  # rounds by drafted-row count (0 included)
-    steps: int = 0
 
     def shares(self) -> dict[str, float]:
         total = sum(self.drafted_rows.values())
@@ -302,8 +299,6 @@ class PolicyReport:
 class StepPolicy:
     """budget=auto: the per-step choice of drafted rows (see the module docstring). One per run; decode_many asks
     `plan` at each step and reports what the step cost (`observe_step`) and what the verifier accepted (`verdict`)."""
-
-    name = "auto"
 
     def __init__(self, startup: StartupCosts, max_depth: int, max_rows: int) -> None:
         self.startup, self.max_depth = startup, max_depth
@@ -341,7 +336,6 @@ class StepPolicy:
                      drafting: Sequence[tuple[int, float]]) -> None:
         """A step as it ran: its forward (total rows, ms), its other host work, and per drafting request (nodes
         drafted, ms of its drafting work)."""
-        self.report.steps += 1
         nodes = sum(d for d, _ in drafting)
         base_rows = min(self._base_rows or rows, rows)
         base = self.forward(base_rows) + self.rest.a
@@ -354,8 +348,8 @@ class StepPolicy:
             self.draft.observe(nodes, ms)
         self.record.forget()
 
-    def verdict(self, pace: RequestPace, led: bool, planned: int, drafted: int, accepted_ranks: Sequence[int]) -> None:
-        """The verifier's verdict on a request's round: `drafted` nodes (of `planned`), the accepted ranks."""
+    def verdict(self, pace: RequestPace, led: bool, drafted: int, accepted_ranks: Sequence[int]) -> None:
+        """The verifier's verdict on a request's round: `drafted` nodes, the accepted ones by rank."""
         self.report.drafted_rows[drafted] += 1
         if drafted == 0:
             return
