@@ -120,6 +120,47 @@ def test_the_cost_curves_learn_the_steps_real_costs_and_shrug_off_a_stall():
     assert line.a == pytest.approx(0.5, abs=0.1) and line.b == pytest.approx(0.25, abs=0.03)
 
 
+def test_a_request_that_stopped_drafting_is_tried_again_and_one_zero_choice_skips_no_step():
+    """Two traps measured at batch size 1: a request whose own acceptances fell far below the record's stopped
+    drafting and, learning nothing more, never drafted again; and one choice that drafted nothing made the next 7
+    steps skip the choice. A request's own record fades while it does not draft, and the skipping backs off."""
+    from lm_eval_spot.decoding.step_policy import StepView
+
+    policy = StepPolicy(startup(lambda r: 4.0 + 0.3 * r), DEPTH, 2 * (DEPTH + 2))
+    pace, good = policy.pace(), policy.pace()
+    for _ in range(20):  # a request whose drafts were always rejected beside one whose drafts were all accepted:
+        policy.verdict(pace, False, 6, [])  # the first's own scale falls far below 1
+        for _ in range(3):
+            policy.verdict(good, False, 6, [1, 2, 3, 4, 5, 6])
+    low = pace.scale
+    assert low < 0.3
+    view = lambda: [StepView(True, False, pace.scale)]  # noqa: E731
+    assert policy.plan(view()) == [0]  # at that scale, nothing pays
+    policy.verdict(pace, False, 0, [])
+    # One zero choice: the next step chooses again (no skipped step), and each control round lifts the scale.
+    plans = []
+    for _ in range(30):
+        plans.append(policy.plan(view())[0])
+        policy.verdict(pace, False, plans[-1], [1, 2, 3, 4, 5, 6][: plans[-1]])
+        if plans[-1]:
+            break
+    assert plans[-1] > 0 and pace.scale > low, (plans, pace.scale)
+    # Where nothing ever pays the choice backs off to every IDLE_EVERY-th step: 1, 2, 4, then 8 steps apart.
+    from lm_eval_spot.decoding import step_policy as sp
+
+    dear = StepPolicy(startup(lambda r: 100.0 * r), DEPTH, 2 * (DEPTH + 2))
+    chosen = []
+    for step in range(40):
+        calls = []
+        original = dear.record.rates
+        dear.record.rates = lambda led, _o=original, _c=calls: (_c.append(1), _o(led))[1]  # type: ignore[method-assign]
+        assert dear.plan([StepView(True, False, 1.0)]) == [0]
+        dear.record.rates = original  # type: ignore[method-assign]
+        if calls:
+            chosen.append(step)
+    assert chosen[:5] == [0, 1, 3, 7, 15] and all(b - a == sp.IDLE_EVERY for a, b in zip(chosen[4:], chosen[5:]))
+
+
 # ---- end to end through decode_many, with an injected clock ----------------------------------------------------
 @pytest.mark.parametrize("T", [0.0, 1.0])
 @pytest.mark.parametrize("bs", [1, 4])

@@ -33,13 +33,20 @@ PRIOR_ACCEPT = 0.9
 PRIOR_WEIGHT = 2.0  # pseudo-rounds behind that prior
 FORGET = 0.995  # per step, for the acceptance record: a rank left untried for ~200 steps leans back to the prior
 REQUEST_PRIOR = 4.0  # pseudo-acceptances that hold a request's own scale near 1 early on
+# Per round a request does not draft, its own record fades by this factor (its scale leans back to 1): a request
+# whose scale fell so low that it stopped drafting would otherwise never draft again, with nothing new to learn
+# from (embedded target, batch size 1: one request ran ~70 control rounds at scale 0.46 where D = 5 paid).
+PACE_FORGET = 0.85
 COST_DECAY = 0.98  # per observation, for the learned costs: about 50 observations of memory
 # Drafting must promise at least this much more than a control step's rate: the costs are estimates (the rows a
 # lookahead adds, a drafting round's verification, another process's load), and a choice that the estimates put
 # a few percent ahead measured a few percent behind (embedded target, batch size 8: +4% estimated, -6% measured).
 MIN_GAIN = 0.10
-# While nothing pays, the full choice runs every IDLE_EVERY-th step only (its inputs move slowly; at batch size 8 on
-# this CPU a step costs ~11 ms and the choice ~0.15 ms): drafting resumes at most IDLE_EVERY - 1 steps late.
+# While nothing pays, the full choice backs off: after the m-th choice in a row that drafted nothing, the next
+# min(2^(m-1), IDLE_EVERY) - 1 steps skip it (its inputs move slowly; at batch size 8 on this CPU a step costs ~11 ms
+# and the choice ~0.15 ms). One zero choice costs no skipped step: at batch size 1 on the embedded target a choice
+# that drafted nothing once (a costly step measured, a low-acceptance stretch) then skipped 7 steps, and those
+# skipped steps were 10% of the run's rounds. Where nothing ever pays, drafting resumes at most IDLE_EVERY - 1 late.
 IDLE_EVERY = 8
 
 
@@ -311,7 +318,8 @@ class StepPolicy:
         self.check = DraftingCheck()
         self.report = PolicyReport()
         self._base_rows = 0  # the last plan's rows without drafting
-        self._idle = 0  # consecutive plans that drafted nothing
+        self._zeros = 0  # consecutive full choices that drafted nothing
+        self._skip = 0  # steps left before the next full choice
 
     def pace(self) -> RequestPace:
         return RequestPace()
@@ -320,8 +328,10 @@ class StepPolicy:
         """Drafted nodes for each live request this step (0: a control round, no drafter work)."""
         n = len(views)
         self._base_rows = sum(v.rows for v in views)
-        if self._idle % IDLE_EVERY or not any(v.can_draft for v in views):
-            self._idle += bool(self._idle)
+        if self._skip > 0:
+            self._skip -= 1
+            return [0] * n
+        if not any(v.can_draft for v in views):
             return [0] * n
         rates = (self.record.rates(False), self.record.rates(True))
         zero = np.zeros(self.max_depth)
@@ -329,7 +339,8 @@ class StepPolicy:
         extra = np.array([v.extra_rows(self.max_depth) if v.ahead_at >= 0 else zero for v in views], dtype=np.int64)
         out = allocate(gains, self._base_rows, self.forward, self.rest.a,
                        (self.draft.a, self.draft.b + self.rest.b), extra=extra, scale=self.check.scale)
-        self._idle = 0 if any(out) else 1
+        self._zeros = 0 if any(out) else self._zeros + 1
+        self._skip = min(2 ** (self._zeros - 1), IDLE_EVERY) - 1 if self._zeros else 0
         return out
 
     def observe_step(self, rows: int, forward_ms: float, rest_ms: float,
@@ -352,6 +363,8 @@ class StepPolicy:
         """The verifier's verdict on a request's round: `drafted` nodes, the accepted ones by rank."""
         self.report.drafted_rows[drafted] += 1
         if drafted == 0:
+            pace.predicted *= PACE_FORGET
+            pace.accepted *= PACE_FORGET
             return
         rates = self.record.rates(led)
         pace.predicted += float(rates[:drafted].sum())
