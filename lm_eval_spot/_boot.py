@@ -3,7 +3,7 @@
 It installs one tiny `sys.meta_path` finder and imports nothing else (no torch, no lm_eval): only when a program
 itself imports `lm_eval.api.registry` or `lm_eval.tasks.manager` does it register `spot-dlm` and the plugin's
 task folder, and when the `lm_eval` console script imports `lm_eval.__main__` it wraps the entry point so that
-the plugin's own input errors end the run with one line (see `lm_eval_spot.registration`). Standard-library `sys` only, to keep interpreter start-up cheap.
+the plugin's own input errors end the run with one line (see `lm_eval_spot.harness.registration`). Standard-library `sys` only, to keep interpreter start-up cheap.
 """
 
 import sys
@@ -23,7 +23,7 @@ class _AfterExec:
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        from lm_eval_spot import registration
+        from lm_eval_spot.harness import registration
 
         registration.on_import(self._name, module)
 
@@ -31,7 +31,7 @@ class _AfterExec:
         # `python -m lm_eval` (accelerate launch, torchrun) runs lm_eval/__main__.py through runpy, which reads the
         # code and runs it without exec_module: the one-line error handling is installed here instead.
         if fullname == "lm_eval.__main__":
-            from lm_eval_spot import registration
+            from lm_eval_spot.harness import registration
 
             registration.install_excepthook()
         return self._loader.get_code(fullname)

@@ -1,4 +1,4 @@
-"""Run `python -m lm_eval_spot.check` on tiny random-weight checkpoints of every fixture family, built from
+"""Run `python -m lm_eval_spot.tools.check` on tiny random-weight checkpoints of every fixture family, built from
 the official remote code in ../shared/remote_code (needs ../shared and transformers 4.57.x; the numbers in
 docs/families.md come from this script). Usage: python scripts/check_fixtures.py [--out DIR]"""
 
@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from remote_fixtures import add_test_stubs, build_remote, save_checkpoint, tokenizer_mask_id  # noqa: E402
 
-from lm_eval_spot import check  # noqa: E402
+from lm_eval_spot.tools import check  # noqa: E402
 
 
 def main() -> int:

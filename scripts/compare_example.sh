@@ -11,4 +11,4 @@ for mode in control spot; do
       --device cpu $gen --log_samples --output_path "$OUT/${mode}_T$T"
   done
 done
-.venv/bin/python -m lm_eval_spot.compare "$OUT"/control_T0 "$OUT"/control_T1 "$OUT"/spot_T0 "$OUT"/spot_T1 --out "$OUT/compare"
+.venv/bin/python -m lm_eval_spot.tools.compare "$OUT"/control_T0 "$OUT"/control_T1 "$OUT"/spot_T0 "$OUT"/spot_T1 --out "$OUT/compare"

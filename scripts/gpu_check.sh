@@ -20,7 +20,7 @@
 # installed but unused. Without wheels the interpreter's packages are used (a warning names any other version).
 #
 # Options: --wheels DIR (default .whl); --device (default cuda), --quick and anything else go to
-# python -m lm_eval_spot.research.scale_probe --check. PYTHON picks the interpreter (default python3).
+# python -m research.scale_probe --check. PYTHON picks the interpreter (default python3).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
@@ -68,6 +68,6 @@ if other:
 if missing:
     sys.exit("gpu_check: missing " + ", ".join(missing) + ": put their wheels in .whl/ (see scripts/gpu_check.sh)")
 PYEOF
-PYTHONUNBUFFERED=1 "$PY" -m lm_eval_spot.research.scale_probe --check "${DEVICE[@]}" --out "$OUT/gpu_check.json" \
+PYTHONUNBUFFERED=1 "$PY" -m research.scale_probe --check "${DEVICE[@]}" --out "$OUT/gpu_check.json" \
   ${ARGS[@]+"${ARGS[@]}"} 2>&1 | tee "$OUT/gpu_check.log"
 echo "gpu_check: $OUT/gpu_check.json in $(($(date +%s) - t0)) s" | tee -a "$OUT/gpu_check.log"

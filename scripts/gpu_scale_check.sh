@@ -10,5 +10,5 @@
 set -euo pipefail
 OUT=${OUT:-gpu_scale}
 source "$(dirname "$0")/gpu_env.sh"
-python3 -m lm_eval_spot.research.scale_probe --shape sdar-1.7b --device cuda --dtype bfloat16 --gen 64 --curve \
+python3 -m research.scale_probe --shape sdar-1.7b --device cuda --dtype bfloat16 --gen 64 --curve \
   --invariance 21 --trials 2 --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"

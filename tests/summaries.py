@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lm_eval_spot.decoding.stale import Stale, summarize
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.transfer import HostLink
 
 
 def view(logits: torch.Tensor, temperature: float = 0.0, gumbel: torch.Tensor | None = None) -> Stale:

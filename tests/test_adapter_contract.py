@@ -6,7 +6,7 @@ import torch
 
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
-from lm_eval_spot.masks import block_causal_mask
+from lm_eval_spot.adapters.attention_masks import block_causal_mask
 
 from tiny import build_model
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from lm_eval_spot.research.analysis import DynamicsObserver, main, rejection_cause
+from research.analysis import DynamicsObserver, main, rejection_cause
 from lm_eval_spot.decoding.tree import DraftTree
 from summaries import view
 

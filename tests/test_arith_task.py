@@ -122,7 +122,7 @@ def test_lm_eval_task_indexes_and_loads(test_docs):
 
 
 def _tiny_cfg(out: Path, **kw):
-    from lm_eval_spot.research.train_target import ModelConfig, TrainConfig
+    from research.train_target import ModelConfig, TrainConfig
 
     base = dict(
         model=ModelConfig(hidden=32, layers=1, heads=2, kv_heads=2, max_positions=256),
@@ -133,7 +133,7 @@ def _tiny_cfg(out: Path, **kw):
 
 
 def test_make_batch_masks_only_answer_positions(tok):
-    from lm_eval_spot.research.train_target import encode_problem, make_batch
+    from research.train_target import encode_problem, make_batch
 
     rng = random.Random(0)
     seqs = [encode_problem(tok, gen.make_problem(rng)) for _ in range(8)]
@@ -149,7 +149,7 @@ def test_make_batch_masks_only_answer_positions(tok):
 
 
 def test_greedy_decode_stops_and_respects_budget(tok):
-    from lm_eval_spot.research.train_target import ModelConfig, build_model, greedy_decode
+    from research.train_target import ModelConfig, build_model, greedy_decode
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(hidden=32, layers=1, heads=2, kv_heads=2), tok, 32).eval()
@@ -161,7 +161,7 @@ def test_greedy_decode_stops_and_respects_budget(tok):
 def test_training_smoke_checkpoint_and_resume(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from lm_eval_spot.research.train_target import CHECKPOINT, load_checkpoint, train
+    from research.train_target import CHECKPOINT, load_checkpoint, train
 
     straight = train(_tiny_cfg(tmp_path / "a"))
     assert straight == tmp_path / "a" / "final"

@@ -12,7 +12,7 @@ from lm_eval_spot.decoding.loop import decode
 from lm_eval_spot.decoding.step_policy import (PRIOR_ACCEPT, AcceptanceRecord, LinearCost, RowCosts, StartupCosts,
                                                StepPolicy, allocate)
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
 
 from test_batch import adapter_for, jobs_for
 
@@ -221,8 +221,8 @@ def test_the_model_class_runs_the_policy_by_default_and_reports_it(tmp_path):
     start-up time in the results and the run summary; generations equal paired control's."""
     from lm_eval.api.instance import Instance
 
-    from lm_eval_spot.lm import SpotDLM
-    from lm_eval_spot.metrics import format_summary
+    from lm_eval_spot.harness.model import SpotDLM
+    from lm_eval_spot.reports.run_stats import format_summary
 
     lm = SpotDLM(control="paired", seed=1, batch_size=2)
     reqs = [Instance("generate_until", {}, (f"Q: {a}+{b}-3=", {"until": ["\n\n"], "max_gen_toks": 40}), i)
@@ -246,7 +246,7 @@ def test_adaptation_under_auto_runs_only_after_chunks_that_drafted(tiny_target_d
 
     from lm_eval.api.instance import Instance
 
-    from lm_eval_spot.lm import SpotDLM
+    from lm_eval_spot.harness.model import SpotDLM
 
     lm = SpotDLM(pretrained=str(tiny_target_dir), adapt=adapt, seed=3, batch_size=2)
     assert lm.policy is not None and lm.online is not None

@@ -11,8 +11,8 @@ from lm_eval_spot.baselines.graph import GraphProposer, RankGraph, confidence_ra
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.proposer import RoundContext
-from lm_eval_spot.drafter.proposer import StaleConfidenceOrder, TreeConfig, TreeProposer
-from lm_eval_spot.methods import MethodSpec, make_proposer
+from lm_eval_spot.drafter.spot_proposer import StaleConfidenceOrder, TreeConfig, TreeProposer
+from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
 
 from tiny import build_model
 from summaries import view

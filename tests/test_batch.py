@@ -10,7 +10,7 @@ from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
 
 from tiny import build_model
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_spot.config import parse_args
+from lm_eval_spot.settings.args import parse_args
 from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
 from lm_eval_spot.families import load_target
 
 from remote_fixtures import build_remote, needs_remote, save_checkpoint, tokenizer_mask_id
@@ -216,8 +216,8 @@ def test_the_run_summary_reports_forwards_per_step(checkpoints):
     share one forward per step, and the summary says so."""
     from lm_eval.api.instance import Instance
 
-    from lm_eval_spot.lm import SpotDLM
-    from lm_eval_spot.metrics import format_summary
+    from lm_eval_spot.harness.model import SpotDLM
+    from lm_eval_spot.reports.run_stats import format_summary
 
     lm = SpotDLM(pretrained=str(checkpoints["llada"]), mode="control", device="cpu", batch_size="4", seed=1,
                  block_len=4)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_spot.research.bench import main
+from research.bench import main
 
 
 def test_bench_writes_results_table_and_plots(tmp_path):
@@ -26,7 +26,7 @@ def test_bench_writes_results_table_and_plots(tmp_path):
     control = [r for r in rows if r["method"] == "control"]
     assert all(oracle[k] <= spot[k] < control[0]["nfe_per_sample"] for k in oracle)
     table = (out / "table.md").read_text()
-    assert "| spot | auto |" in table and "python -m lm_eval_spot.research.bench" in table
+    assert "| spot | auto |" in table and "python -m research.bench" in table
     assert res["repeats"] == 2
     # budget=auto against the best fixed SPOT budget, per temperature: the bar's ratio and the paired one
     cmp = res["auto_vs_best_fixed"]
@@ -56,7 +56,7 @@ def test_bench_takes_prompts_and_scoring_from_a_stock_lm_eval_task(tmp_path, mon
 def test_bench_runs_other_drafters_and_compares_spot_with_the_baselines(tmp_path):
     """--drafters adds spot@NAME rows in the same paired run; the results say SPOT's NFE against the fewest
     baseline NFE per budget and the best SPOT throughput against the best graph's; lookahead counts per row."""
-    from lm_eval_spot.config import default_drafter_path
+    from lm_eval_spot.settings.args import default_drafter_path
 
     out = tmp_path / "bench"
     main(["--n", "1", "--methods", "graph,free-chain,spot", "--budgets", "4,8", "--temps", "0", "--no-auto",
@@ -85,7 +85,7 @@ def test_bench_rejects_a_bad_drafters_list(tmp_path):
 
 
 def test_batch_bench_reports_every_method_against_control_at_each_batch_size(tmp_path):
-    from lm_eval_spot.research import batch_bench
+    from research import batch_bench
 
     batch_bench.main(["--n", "3", "--sizes", "1", "2", "--budgets", "4", "--temps", "0", "--max-gen-toks", "24",
                       "--threads", "1", "--out", str(tmp_path)])
@@ -104,7 +104,7 @@ def test_batch_bound_charges_spot_the_forwards_it_runs_and_nothing_for_drafting(
     """The bound's arithmetic from its own measured parts: control's per-request cost (its forward share and host
     work) over SPOT's per-commit cost at the same N (its rows' forward share plus control's host work, over the
     commits per round)."""
-    from lm_eval_spot.research import batch_bound
+    from research import batch_bound
 
     batch_bound.main(["--n", "3", "--sizes", "2", "--budgets", "1", "3", "--max-gen-toks", "24", "--repeats", "3",
                       "--threads", "1", "--out", str(tmp_path)])
@@ -125,7 +125,7 @@ def test_record_cost_times_control_with_and_without_recording_and_keeps_the_reco
     are the shards' own."""
     from safetensors.torch import load_file
 
-    from lm_eval_spot.research import record_cost
+    from research import record_cost
 
     record_cost.main(["--n", "3", "--repeats", "2", "--max-gen-toks", "24", "--data", str(tmp_path / "data"),
                       "--out", str(tmp_path / "out")])

@@ -14,12 +14,12 @@ import importlib.util
 import pytest
 import torch
 
-from lm_eval_spot.config import SpotArgError, default_drafter_path, parse_args
+from lm_eval_spot.settings.args import SpotArgError, default_drafter_path, parse_args
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import load_drafter
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
 from lm_eval_spot.families import load_target
 
 from remote_fixtures import SHARED, build_remote, needs_remote, save_checkpoint, tokenizer_mask_id

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_spot.research.train_target import ModelConfig, TrainConfig, make_bidirectional_batch, train
+from research.train_target import ModelConfig, TrainConfig, make_bidirectional_batch, train
 
 MASK, EOS = 99, 98
 
@@ -57,10 +57,10 @@ def test_the_saved_checkpoint_is_a_llada_checkpoint_control_decodes_as_the_train
 
     from lm_eval_spot.arith import generator as gen
     from lm_eval_spot.arith.tokenizer import build_tokenizer
-    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.settings.args import parse_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.families import load_target
-    from lm_eval_spot.research.train_target import build_model, greedy_decode_bidirectional, load_checkpoint
+    from research.train_target import build_model, greedy_decode_bidirectional, load_checkpoint
 
     out, final = bidirectional_target
     cfg = json.loads((final / "config.json").read_text())
@@ -93,10 +93,10 @@ def test_the_saved_checkpoint_is_a_llada_checkpoint_control_decodes_as_the_train
 def test_spot_equals_control_on_the_bidirectional_target(bidirectional_target, T):
     from lm_eval_spot.arith import generator as gen
     from lm_eval_spot.arith.tokenizer import build_tokenizer
-    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.settings.args import parse_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-    from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+    from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
     from lm_eval_spot.families import load_target
 
     _, final = bidirectional_target
@@ -120,11 +120,11 @@ def test_batch_sizes_4_and_8_equal_one_at_a_time_on_the_bidirectional_target(bid
     forward per step."""
     from lm_eval_spot.arith import generator as gen
     from lm_eval_spot.arith.tokenizer import build_tokenizer
-    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.settings.args import parse_args
     from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-    from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+    from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
     from lm_eval_spot.families import load_target
 
     _, final = bidirectional_target

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from lm_eval_spot.cards import card_names, cards_dir, load_card, validate
-from lm_eval_spot.cards import parse_model_args
-from lm_eval_spot.config import SpotArgError
+from lm_eval_spot.settings.cards import card_names, cards_dir, load_card, validate
+from lm_eval_spot.settings.cards import parse_model_args
+from lm_eval_spot.settings.args import SpotArgError
 
 
 def test_every_card_loads_and_validates():
@@ -47,7 +47,7 @@ def test_unknown_card_lists_the_known_ones():
 
 
 def test_a_card_with_a_bad_field_is_refused():
-    from lm_eval_spot.cards import Card
+    from lm_eval_spot.settings.cards import Card
 
     good = dict(load_card("sdar-4b-chat").fields)
     with pytest.raises(SpotArgError, match="block_len must be a positive integer"):

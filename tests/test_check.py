@@ -1,4 +1,4 @@
-"""`python -m lm_eval_spot.check` on the embedded target (the real CLI) and on every fixture family, and a
+"""`python -m lm_eval_spot.tools.check` on the embedded target (the real CLI) and on every fixture family, and a
 deliberately broken adapter that it must catch (non-zero exit, the failing row named)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import sys
 import pytest
 import torch
 
-from lm_eval_spot import check
+from lm_eval_spot.tools import check
 
 from remote_fixtures import add_test_stubs, build_remote, needs_remote, save_checkpoint, tokenizer_mask_id
 
 
 def test_check_cli_passes_on_the_embedded_target(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "lm_eval_spot.check", "--out", str(tmp_path / "c.json"),
+    out = subprocess.run([sys.executable, "-m", "lm_eval_spot.tools.check", "--out", str(tmp_path / "c.json"),
                           "--max-gen-toks", "24"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "all checks passed" in out.stdout and "| SPOT == control, T=1" in out.stdout

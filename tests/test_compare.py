@@ -1,4 +1,4 @@
-"""`python -m lm_eval_spot.compare` over four real lm_eval runs (control and spot, T=0 and T=1, the embedded
+"""`python -m lm_eval_spot.tools.compare` over four real lm_eval runs (control and spot, T=0 and T=1, the embedded
 target, spot_arith, --log_samples), and its refusals; the paired test it uses against a direct count."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from lm_eval_spot import compare
+from lm_eval_spot.tools import compare
 
 from test_cli_e2e import run_cli
 

@@ -9,7 +9,7 @@ from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.tree import DraftTree
-from lm_eval_spot.stopping import make_stop_check
+from lm_eval_spot.harness.until import make_stop_check
 
 from fakes import ScriptedAdapter
 from reference import reference_decode

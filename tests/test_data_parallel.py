@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_spot.distributed import padding_count
+from lm_eval_spot.harness.distributed import padding_count
 
 # spot_arith: 5 documents over 2 ranks gives 3 + 2, so lm-eval pads rank 1 with one copy (the case to get right).
 LIMIT = 5
@@ -115,7 +115,7 @@ def test_two_ranks_adapt_independently_exactly_and_report_each_rank(tmp_path):
 _EXIT_CHILD = r"""
 import atexit, sys, time
 import torch.distributed as dist
-from lm_eval_spot.distributed import _close_group
+from lm_eval_spot.harness.distributed import _close_group
 
 rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

@@ -9,14 +9,14 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from lm_eval_spot.config import SpotArgError
+from lm_eval_spot.settings.args import SpotArgError
 from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, make_batch, make_round_batch, replay_examples
 from lm_eval_spot.drafter.factored import FACTORED_FEATURE_VERSION, FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.features import COMMITTED, FEATURE_VERSION, INACTIVE, MASKED, ON_PATH
 from lm_eval_spot.drafter.model import (DrafterMeta, DrafterMismatchError, OrderModel, OrderModelConfig,
                                         feature_version_of, load_drafter, n_params, save_drafter)
-from lm_eval_spot.drafter.train import main as train_main
-from lm_eval_spot.lm import SpotDLM
+from lm_eval_spot.training.train import main as train_main
+from lm_eval_spot.harness.model import SpotDLM
 from summaries import view
 
 

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import DrafterMismatchError, load_drafter
 from lm_eval_spot.drafter.recording import DrafterDataError
-from lm_eval_spot.drafter.train import main as train_main
-from lm_eval_spot.lm import SpotDLM
+from lm_eval_spot.training.train import main as train_main
+from lm_eval_spot.harness.model import SpotDLM
 
 PROMPTS = ["Q: 3+4", "Q: 12+9", "Hi there", "Q: 7*8"]
 
@@ -50,7 +50,7 @@ def random_drafter_folder(folder: Path) -> Path:
 
 def test_a_control_run_records_what_collect_records(tiny_target_dir, tmp_path):
     """drafter_data on a plain control run stores the same trajectories as the dedicated collect step decodes."""
-    from lm_eval_spot.drafter.train import collect
+    from lm_eval_spot.training.train import collect
 
     lm = SpotDLM(pretrained=str(tiny_target_dir), mode="control", drafter_data=str(tmp_path / "rec"))
     lm.generate_until(_reqs())
@@ -95,7 +95,7 @@ def test_runs_append_and_the_trainer_reads_them_all(tiny_target_dir, tmp_path):
     for _ in range(2):
         SpotDLM(pretrained=str(tiny_target_dir), mode="control", drafter_data=str(folder)).generate_until(_reqs())
     assert len(list(folder.glob("rec_*.safetensors"))) == 2
-    from lm_eval_spot.drafter.train import load_trajectories
+    from lm_eval_spot.training.train import load_trajectories
 
     t = load_trajectories(folder)
     assert int(t.sample_id.max()) + 1 == 2 * len(PROMPTS)  # each run's requests stay distinct samples
@@ -157,7 +157,7 @@ def test_no_fitting_default_drafter_falls_back_to_conf_tree(tiny_target_dir, cap
     with one warning; a drafter the user names must fit."""
     with caplog.at_level(logging.WARNING):
         lm = SpotDLM(pretrained=str(tiny_target_dir), mode="spot", block_len=72, budget=4, control="paired", seed=2)
-    from lm_eval_spot.config import shipped_drafter_path
+    from lm_eval_spot.settings.args import shipped_drafter_path
 
     shipped = (shipped_drafter_path("transfer") / "drafter.json").is_file()
     warned = [r.getMessage() for r in caplog.records if "drafting with conf-tree" in r.getMessage()]
@@ -173,7 +173,7 @@ def test_no_fitting_default_drafter_falls_back_to_conf_tree(tiny_target_dir, cap
 
 @pytest.mark.parametrize("block_len", [4, 8, 16])
 def test_a_target_without_its_own_drafter_drafts_with_the_shipped_transfer_drafter(tiny_target_dir, block_len):
-    from lm_eval_spot.config import shipped_drafter_path
+    from lm_eval_spot.settings.args import shipped_drafter_path
 
     if not (shipped_drafter_path("transfer") / "drafter.json").is_file():
         pytest.skip("the transfer drafter is not shipped in this checkout")

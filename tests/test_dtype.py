@@ -10,12 +10,12 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import CachingLM
 
-from lm_eval_spot.cards import Card, load_card, validate
-from lm_eval_spot.config import SpotArgError, parse_args
+from lm_eval_spot.settings.cards import Card, load_card, validate
+from lm_eval_spot.settings.args import SpotArgError, parse_args
 from lm_eval_spot.families import common
 from lm_eval_spot.families.common import resolve_dtype, with_concrete_dtype
-from lm_eval_spot.lm import SpotDLM
-from lm_eval_spot.request_cache import CacheConflictError
+from lm_eval_spot.harness.model import SpotDLM
+from lm_eval_spot.harness.request_cache import CacheConflictError
 
 BF16 = {"torch_dtype": "bfloat16"}
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_spot.config import parse_args
+from lm_eval_spot.settings.args import parse_args
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import load_drafter
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
 from lm_eval_spot.families import load_target
 
 from reference import reference_decode
@@ -132,7 +132,7 @@ def random_drafter(seed: int) -> FactoredOrderModel:
 @pytest.mark.parametrize("fam,impl", TARGETS)
 @pytest.mark.parametrize("drafter", ["random", "shipped"])
 def test_spot_equals_control(loaded, fam, impl, T, drafter):
-    from lm_eval_spot.config import default_drafter_path
+    from lm_eval_spot.settings.args import default_drafter_path
 
     # The shipped drafter was trained for block length 32: these block-causal models run at any block length.
     L = 32 if drafter == "shipped" else None

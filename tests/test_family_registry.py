@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lm_eval_spot.config import SpotArgError, parse_args
+from lm_eval_spot.settings.args import SpotArgError, parse_args
 from lm_eval_spot.families import detect, load_target, names
 from lm_eval_spot.families.sdar import qwen3_config
 
@@ -28,7 +28,7 @@ def test_families_are_detected_from_the_checkpoint_config(folder, family):
 
 
 def test_the_embedded_target_is_a_native_block_causal_lm():
-    from lm_eval_spot.config import default_target_path
+    from lm_eval_spot.settings.args import default_target_path
 
     cfg = json.loads((default_target_path() / "config.json").read_text())
     assert detect(cfg, "embedded").name == "hf-block-causal"
@@ -186,7 +186,7 @@ def test_bidirectional_native_paths_without_any_remote_code(tmp_path, fam):
 
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-    from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+    from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
     from remote_fixtures import TOKENIZER, TOKENIZER_FILES
 
     mask = tokenizer_mask_id()

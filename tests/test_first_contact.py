@@ -15,8 +15,8 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from lm_eval_spot.config import merge_harness_args
-from lm_eval_spot.lm import SpotDLM
+from lm_eval_spot.settings.args import merge_harness_args
+from lm_eval_spot.harness.model import SpotDLM
 
 from real_files import REAL, build, needs_real
 from test_cli_e2e import LM_EVAL
@@ -155,7 +155,7 @@ def test_gsm8k_with_the_chat_template_through_the_cli(real, tmp_path):
 def test_self_check_in_bf16_warns_on_near_ties_only(real, tmp_path):
     """SDAR-1.7B's card runs bf16, where the cached and the recomputed logits differ by rounding: ties at the top
     may flip. Those are warnings with their margins; the run passes (exit 0)."""
-    proc = subprocess.run([sys.executable, "-m", "lm_eval_spot.check", "--model_args",
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_spot.tools.check", "--model_args",
                            f"pretrained={real['sdar-1.7b-chat']},card=sdar-1.7b-chat", "--device", "cpu",
                            "--max-gen-toks", "8", "--out", str(tmp_path / "c.json")],
                           capture_output=True, text=True, env=ENV, timeout=900)
@@ -168,7 +168,7 @@ def test_self_check_in_bf16_warns_on_near_ties_only(real, tmp_path):
 
 
 def test_near_tie_flips_are_told_apart_from_real_ones():
-    from lm_eval_spot.check import _flip_margins
+    from lm_eval_spot.tools.check import _flip_margins
 
     ref = torch.tensor([[[5.0, 4.99, 0.0], [5.0, 1.0, 0.0]]])
     out = torch.tensor([[[4.98, 5.0, 0.0], [1.0, 5.0, 0.0]]])  # both positions flip: by 0.01 and by 4.0
@@ -199,7 +199,7 @@ def test_self_check_with_impl_remote_on_dream_compares_both(real, tmp_path):
     tc.pop("auto_map")
     tc["tokenizer_class"] = "Qwen2Tokenizer"
     (tok / "tokenizer_config.json").write_text(json.dumps(tc))
-    proc = subprocess.run([sys.executable, "-m", "lm_eval_spot.check", "--model_args",
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_spot.tools.check", "--model_args",
                            f"card=dream-v0-instruct-7b,pretrained={folder},tokenizer={tok},impl=remote,"
                            "trust_remote_code=true", "--device", "cpu", "--max-gen-toks", "8",
                            "--out", str(tmp_path / "c.json")], capture_output=True, text=True, env=ENV, timeout=900)

@@ -148,7 +148,7 @@ def compare(fused, reference, prompt, blocks, ahead):
 
 
 def test_embedded_target_fused_equals_reference():
-    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.settings.args import parse_args
     from lm_eval_spot.families import load_target
 
     ad = load_target(parse_args({"mode": "control"})).adapter
@@ -176,7 +176,7 @@ def test_tiny_block_causal_fused_equals_reference():
 @needs_remote
 @pytest.mark.parametrize("fam", ["llada", "dream", "sdar"])
 def test_fixture_families_fused_equal_reference(fam, tmp_path):
-    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.settings.args import parse_args
     from lm_eval_spot.families import load_target
 
     mask = tokenizer_mask_id()

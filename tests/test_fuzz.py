@@ -37,8 +37,8 @@ from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
-from lm_eval_spot.methods import MethodSpec, make_proposer
-from lm_eval_spot.stopping import make_stop_check
+from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
+from lm_eval_spot.harness.until import make_stop_check
 
 from tiny import CHARS, build_tokenizer
 

@@ -18,7 +18,7 @@ from lm_eval_spot.decoding.proposer import RoundContext
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel, HostTables
 from lm_eval_spot.drafter.host import HostEncoder
-from lm_eval_spot.drafter.proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
 
 from summaries import view
 
@@ -210,8 +210,8 @@ def test_the_drafter_stays_on_the_host_whatever_the_target_device():
     drafter_device= moves it."""
     from types import SimpleNamespace
 
-    from lm_eval_spot.config import SpotArgError, parse_args
-    from lm_eval_spot.methods import build_proposer
+    from lm_eval_spot.settings.args import SpotArgError, parse_args
+    from lm_eval_spot.settings.proposers import build_proposer
 
     target = SimpleNamespace(info=SimpleNamespace(block_len=32), device=torch.device("meta"))
     default = build_proposer(parse_args({"mode": "spot", "budget": 8}), target).proposer

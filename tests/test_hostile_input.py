@@ -14,10 +14,10 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from lm_eval_spot.config import SpotArgError, default_drafter_path, default_target_path
+from lm_eval_spot.settings.args import SpotArgError, default_drafter_path, default_target_path
 from lm_eval_spot.decoding.loop import NonFiniteLogitsError
 from lm_eval_spot.drafter.model import DrafterMismatchError, load_drafter
-from lm_eval_spot.lm import RequestError, SpotDLM
+from lm_eval_spot.harness.model import RequestError, SpotDLM
 
 
 def _req(context: str, **kw) -> Instance:

@@ -15,7 +15,7 @@ from itertools import combinations
 import pytest
 import torch
 
-from lm_eval_spot.config import parse_args
+from lm_eval_spot.settings.args import parse_args
 from lm_eval_spot.families import load_target
 from lm_eval_spot.likelihood.scorer import LikelihoodConfig, Pair, score_pairs
 
@@ -286,7 +286,7 @@ class _Req:
 def test_the_greedy_flag_is_exact_greedy_decoding():
     from reference import reference_decode
 
-    from lm_eval_spot.lm import SpotDLM
+    from lm_eval_spot.harness.model import SpotDLM
 
     lm = SpotDLM(mode="control", mc_num=4)
     context = "Q: 7+5-3+8+2\nA:"
@@ -309,7 +309,7 @@ def test_the_greedy_flag_is_exact_greedy_decoding():
 
 
 def test_rolling_windows_sum_to_the_documents_bound():
-    from lm_eval_spot.lm import SpotDLM
+    from lm_eval_spot.harness.model import SpotDLM
 
     lm = SpotDLM(mode="control", mc_num=8)
     text = "Q: 7+5-3+8+2\nA: Step 1: 7 + 5 = 12\nStep 2: 12 - 3 = 9"

@@ -17,7 +17,7 @@ from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.proposer import RoundContext
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.proposer import SpotProposer, StaleConfidenceOrder, TreeConfig, TreeProposer
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, StaleConfidenceOrder, TreeConfig, TreeProposer
 
 from reference import _forward as full_forward
 from reference import reference_decode

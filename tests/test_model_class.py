@@ -6,8 +6,8 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from lm_eval_spot.config import SpotArgError, parse_args
-from lm_eval_spot.lm import SpotDLM
+from lm_eval_spot.settings.args import SpotArgError, parse_args
+from lm_eval_spot.harness.model import SpotDLM
 
 from tiny import save_tiny_target
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_spot.config import SpotArgError, parse_args
-from lm_eval_spot.methods import MethodSpec, make_proposer
-from lm_eval_spot.modes import MODE_TABLE, MODES
+from lm_eval_spot.settings.args import SpotArgError, parse_args
+from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
+from lm_eval_spot.settings.modes import MODE_TABLE, MODES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -23,7 +23,7 @@ def test_the_model_args_accept_exactly_the_tables_modes():
 
 def test_the_proposer_factory_follows_the_tables_flags():
     from lm_eval_spot.baselines.graph import RankGraph
-    from lm_eval_spot.config import default_drafter_path, default_graph_path
+    from lm_eval_spot.settings.args import default_drafter_path, default_graph_path
     from lm_eval_spot.drafter.model import load_drafter
 
     drafter = load_drafter(default_drafter_path(), 32)[0]
@@ -41,7 +41,7 @@ def test_the_proposer_factory_follows_the_tables_flags():
 
 
 def test_the_benchmark_and_the_readme_list_the_tables_modes():
-    from lm_eval_spot.research.bench import METHODS
+    from research.bench import METHODS
 
     assert set(METHODS) == {m.name for m in MODE_TABLE if m.drafts}
     row = next(line for line in README.read_text().splitlines() if line.startswith("| `mode` |"))

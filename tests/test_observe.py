@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lm_eval_spot.decoding import observe
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.transfer import HostLink
 
 
 class OneByOne:

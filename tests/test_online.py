@@ -13,14 +13,14 @@ import torch
 from lm_eval.api.instance import Instance
 
 from lm_eval_spot.arith.generator import make_prompt, make_split
-from lm_eval_spot.config import SpotArgError, parse_args
+from lm_eval_spot.settings.args import SpotArgError, parse_args
 from lm_eval_spot.drafter.data import TrajectoryRecorder
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import DrafterMeta, load_drafter, save_drafter
-from lm_eval_spot.drafter.proposer import LearnedOrder
-from lm_eval_spot.generation import GenerationRunner
-from lm_eval_spot.lm import SpotDLM
-from lm_eval_spot.metrics import format_summary, nfe_by_tenth
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder
+from lm_eval_spot.harness.generation import GenerationRunner
+from lm_eval_spot.harness.model import SpotDLM
+from lm_eval_spot.reports.run_stats import format_summary, nfe_by_tenth
 
 
 def _arith(n: int, T: float = 0.0, max_toks: int = 96) -> list[Instance]:

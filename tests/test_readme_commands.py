@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_spot.config import default_target_path
+from lm_eval_spot.settings.args import default_target_path
 
 from real_files import REAL, build
 from remote_fixtures import SHARED, build_remote, save_checkpoint, transformers_major

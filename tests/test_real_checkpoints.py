@@ -112,7 +112,7 @@ def test_every_sdar_block_variant_runs_spot_exactly(ckpts, variant):
     budget, so every variant drafts: budget=auto may choose control's rounds where the rows cost too much)."""
     from lm_eval.api.instance import Instance
 
-    from lm_eval_spot.lm import SpotDLM
+    from lm_eval_spot.harness.model import SpotDLM
 
     lm = SpotDLM(card="sdar-1.7b-chat" + variant, pretrained=str(ckpts["sdar-1.7b-chat"]), control="paired",
                  dtype="float32", seed=5, budget=8)
@@ -131,7 +131,7 @@ def test_every_sdar_block_variant_runs_spot_exactly(ckpts, variant):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CARDS))
 def test_self_check_passes_with_the_card(ckpts, name, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "lm_eval_spot.check", "--model_args",
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_spot.tools.check", "--model_args",
                            f"card={CARDS[name]},pretrained={ckpts[name]}", "--device", "cpu", "--max-gen-toks", "16",
                            "--out", str(tmp_path / "c.json")], capture_output=True, text=True, env=ENV, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

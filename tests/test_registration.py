@@ -26,7 +26,7 @@ def py(code: str, *flags: str, env: dict | None = None) -> str:
 def test_startup_hook_installed_and_cheap():
     site = Path(sysconfig.get_paths()["purelib"])
     assert (site / "lm_eval_spot.pth").is_file(), "install the package first (pip install -e . or .)"
-    out = py("import sys; print(sorted(m for m in ('torch','lm_eval','transformers','lm_eval_spot.lm') "
+    out = py("import sys; print(sorted(m for m in ('torch','lm_eval','transformers','lm_eval_spot.harness.model') "
              "if m in sys.modules))")
     assert out.strip().endswith("[]"), out  # the hook imports none of them
     # Cumulative import time of the hook, as CPython measures it (microseconds), best of 5 starts.
@@ -68,7 +68,7 @@ def test_entry_point_declared():
     from importlib.metadata import entry_points
 
     eps = {ep.name: ep.value for ep in entry_points(group="lm_eval.models")}
-    assert eps.get("spot-dlm") == "lm_eval_spot.lm:SpotDLM"
+    assert eps.get("spot-dlm") == "lm_eval_spot.harness.model:SpotDLM"
 
 
 def test_non_editable_wheel_works(tmp_path):
@@ -83,16 +83,21 @@ def test_non_editable_wheel_works(tmp_path):
     assert "lm_eval_spot.pth" in names
     assert "lm_eval_spot/tasks/spot_arith/spot_arith.yaml" in names
     assert "lm_eval_spot/model_cards/sdar-4b-chat.md" in names and "lm_eval_spot/model_cards/llada2.0-mini.md" in names
+    # The wheel holds the product: no research or benchmark module, and a package root of at most 10 modules.
+    modules = [n for n in names if n.endswith(".py")]
+    assert not [n for n in modules if "research" in n or "bench" in n.rsplit("/", 1)[-1]], modules
+    root = [n for n in modules if n.count("/") == 1 and n.startswith("lm_eval_spot/")]
+    assert len(root) <= 10, root
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, timeout=300)
     # Every site dir of this interpreter (a venv with system site-packages has two), after the wheel's.
     sites = [str(target)] + [p for p in sys.path if p.endswith("site-packages")]
     code = (f"import site; [site.addsitedir(p) for p in {sites!r}]; "
-            "import lm_eval_spot, json; from lm_eval_spot.registration import tasks_dir; "
+            "import lm_eval_spot, json; from lm_eval_spot.harness.registration import tasks_dir; "
             "from lm_eval.api.registry import get_model; from lm_eval.tasks import TaskManager; "
             "tm = TaskManager(include_defaults=False); "
-            "from lm_eval_spot.cards import cards_dir, load_card; "
+            "from lm_eval_spot.settings.cards import cards_dir, load_card; "
             "print(json.dumps([lm_eval_spot.__file__, str(tasks_dir()), get_model('spot-dlm').__name__, "
             "get_model('hf').__name__, 'spot_arith' in tm.all_tasks, str(cards_dir()), "
             "load_card('sdar-4b-chat-b32')['block_len']]))")

@@ -11,7 +11,7 @@ from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.rejection import rejection_verify
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
 
 from test_control_decoder import chi_square_p
 from tiny import build_model

@@ -7,9 +7,9 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import CachingLM
 from sqlitedict import SqliteDict
 
-from lm_eval_spot.lm import SpotDLM
-from lm_eval_spot.metrics import format_summary
-from lm_eval_spot.request_cache import CacheConflictError
+from lm_eval_spot.harness.model import SpotDLM
+from lm_eval_spot.reports.run_stats import format_summary
+from lm_eval_spot.harness.request_cache import CacheConflictError
 
 
 def _reqs(kw: dict | None = None) -> list[Instance]:

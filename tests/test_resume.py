@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from lm_eval_spot.drafter.factored import FactoredConfig
-from lm_eval_spot.drafter.train import TrainConfig, train
+from lm_eval_spot.training.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 180.0  # per subprocess; a hang fails the test instead of blocking the suite
@@ -33,7 +33,7 @@ POLL_S = 0.005
 
 # The drafter collect step with 2 prompts per shard (instead of 100), so a tiny run spans many shards.
 COLLECT = [sys.executable, "-c",
-           "import sys, lm_eval_spot.drafter.train as t; t.SHARD = 2; t.main(sys.argv[1:])", "collect"]
+           "import sys, lm_eval_spot.training.train as t; t.SHARD = 2; t.main(sys.argv[1:])", "collect"]
 N_PROMPTS = 24
 DRAFTER_STEPS = 200
 DRAFTER_MODEL = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--dropout", "0.1"]
@@ -166,7 +166,7 @@ def test_drafter_collection_killed_mid_way_resumes_to_the_same_trajectories(
 
 
 def _train_cmd(out: Path) -> list[str]:
-    return [sys.executable, "-m", "lm_eval_spot.drafter.train", "train", "--out", str(out),
+    return [sys.executable, "-m", "lm_eval_spot.training.train", "train", "--out", str(out),
             *DRAFTER_MODEL, "--steps", str(DRAFTER_STEPS), "--batch", "16",
             "--ckpt-every", "10", "--seed", "3", "--threads", "1"]
 
@@ -215,7 +215,7 @@ def test_drafter_resume_refuses_other_settings(collected, tmp_path):
 
 
 def _target_cmd(out: Path) -> list[str]:
-    return [sys.executable, "-m", "lm_eval_spot.research.train_target", "--out", str(out), "--hidden", "32", "--layers", "1",
+    return [sys.executable, "-m", "research.train_target", "--out", str(out), "--hidden", "32", "--layers", "1",
             "--heads", "2", "--kv-heads", "2", "--max-positions", "256", "--steps", str(TARGET_STEPS), "--batch", "4",
             "--warmup", "2", "--ckpt-every", "10", "--log-every", "1", "--val-every", "0", "--eval-n", "0",
             "--seed", "3", "--threads", "1"]
@@ -254,9 +254,9 @@ def test_target_training_killed_mid_run_resumes_to_the_same_weights(tmp_path):
 
 
 def test_target_resume_refuses_other_settings(tmp_path):
-    from lm_eval_spot.research.train_target import ModelConfig
-    from lm_eval_spot.research.train_target import TrainConfig as TargetConfig
-    from lm_eval_spot.research.train_target import train as train_target
+    from research.train_target import ModelConfig
+    from research.train_target import TrainConfig as TargetConfig
+    from research.train_target import train as train_target
 
     def cfg(**kw: Any) -> TargetConfig:
         base = dict(out=str(tmp_path / "t"), model=ModelConfig(hidden=32, layers=1, heads=2, kv_heads=2,

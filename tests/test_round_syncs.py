@@ -11,10 +11,10 @@ import torch
 
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
-from lm_eval_spot.config import parse_args
+from lm_eval_spot.settings.args import parse_args
 from lm_eval_spot.decoding.loop import DecodeConfig, RequestDecode, run_round
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
 from lm_eval_spot.families import load_target
 
 from device_emulation import DeviceEmulation, place

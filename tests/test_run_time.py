@@ -15,7 +15,7 @@ import pytest
 RUNNER = '''
 import json, sys, time
 from lm_eval.__main__ import cli_evaluate
-from lm_eval_spot.lm import SpotDLM
+from lm_eval_spot.harness.model import SpotDLM
 orig, spent = SpotDLM.generate_until, []
 def timed(self, *a, **k):
     t0 = time.perf_counter()
@@ -49,7 +49,7 @@ def _run(tmp: Path, target: Path, bs: int) -> tuple[dict, float, Path]:
 
 @pytest.mark.slow
 def test_summary_time_is_the_generate_phase_at_batch_1_and_8(tiny_target_dir, tmp_path):
-    from lm_eval_spot.compare import load_runs, table_rows
+    from lm_eval_spot.tools.compare import load_runs, table_rows
 
     runs = {bs: _run(tmp_path, tiny_target_dir, bs) for bs in (1, 8)}
     for bs, (cfg, measured, _) in runs.items():

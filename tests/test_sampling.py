@@ -17,9 +17,9 @@ from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.sampling import Truncation, truncate
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
-from lm_eval_spot.gen_kwargs import GenKwargsError, check_gen_kwargs, parse_gen_kwargs
-from lm_eval_spot.lm import SpotDLM
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.harness.gen_kwargs import GenKwargsError, check_gen_kwargs, parse_gen_kwargs
+from lm_eval_spot.harness.model import SpotDLM
 
 from reference import reference_decode
 from tiny import build_model

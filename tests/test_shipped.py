@@ -8,8 +8,8 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from lm_eval_spot.arith.generator import make_prompt, make_split
-from lm_eval_spot.config import default_drafter_path, default_target_path
-from lm_eval_spot.lm import SpotDLM
+from lm_eval_spot.settings.args import default_drafter_path, default_target_path
+from lm_eval_spot.harness.model import SpotDLM
 
 N = 10
 
@@ -59,7 +59,7 @@ def test_shipped_drafter_beats_the_drafter_free_baselines_on_nfe():
 
 def test_shipped_drafters_by_name_load_and_are_exact():
     """drafter=small / drafter=paper name the two shipped drafters (folders inside the package)."""
-    from lm_eval_spot.config import parse_args, shipped_drafter_path
+    from lm_eval_spot.settings.args import parse_args, shipped_drafter_path
     from lm_eval_spot.drafter.model import load_drafter
 
     assert parse_args({"drafter": "small"}).drafter == str(shipped_drafter_path("small"))

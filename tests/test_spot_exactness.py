@@ -12,7 +12,7 @@ from lm_eval_spot.decoding.proposer import RoundContext
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import DrafterModel, OrderModel, OrderModelConfig
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
 
 from tiny import build_model
 from summaries import view

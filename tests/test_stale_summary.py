@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lm_eval_spot.decoding.stale import summarize, top_k_probs
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.transfer import HostLink
 
 
 def reference_top(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,7 +33,7 @@ from lm_eval_spot.adapters.base import ForwardTally, NFECounter, RowsCall, Targe
 from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, use_prefix_attention
 from lm_eval_spot.adapters.native_canvas import NativeCanvas
 from lm_eval_spot.adapters.ragged import Attends, FullAttention, RaggedPass, stack_rows
-from lm_eval_spot.decoding.transfer import upload
+from lm_eval_spot.transfer import upload
 
 __all__ = ["BidirectionalAdapter", "BidirectionalSession", "CanvasProtocol", "NativeCanvas", "raw_positions"]
 

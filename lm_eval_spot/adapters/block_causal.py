@@ -18,8 +18,8 @@ import torch
 
 from lm_eval_spot.adapters.base import ForwardTally, NFECounter, RowsCall, TargetInfo
 from lm_eval_spot.adapters.prefix_attention import KV, PrefixPass, StackedPass, use_prefix_attention
-from lm_eval_spot.decoding.transfer import upload
-from lm_eval_spot.masks import allowed_to_additive, block_causal_allowed
+from lm_eval_spot.transfer import upload
+from lm_eval_spot.adapters.attention_masks import allowed_to_additive, block_causal_allowed
 
 log = logging.getLogger(__name__)
 

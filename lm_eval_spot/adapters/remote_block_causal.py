@@ -22,8 +22,8 @@ import torch
 from lm_eval_spot.adapters.base import ForwardTally, RowsCall, TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalSession
 from lm_eval_spot.adapters.prefix_attention import KV
-from lm_eval_spot.decoding.transfer import upload
-from lm_eval_spot.masks import block_causal_allowed
+from lm_eval_spot.transfer import upload
+from lm_eval_spot.adapters.attention_masks import block_causal_allowed
 
 
 class CacheProtocol(Protocol):

@@ -57,7 +57,7 @@ def calibrate(target_dir: str, n_prompts: int, keep: int = 64, seed: int = 0, ta
     from tqdm import tqdm
 
     from lm_eval_spot.arith.generator import make_prompt, make_split
-    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.settings.args import parse_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.families import load_target
 
@@ -67,7 +67,7 @@ def calibrate(target_dir: str, n_prompts: int, keep: int = 64, seed: int = 0, ta
     if task == "spot_arith":
         prompts = [make_prompt(doc["question"]) for doc in make_split("val", n_prompts)]
     else:
-        from lm_eval_spot.task_source import task_prompts
+        from lm_eval_spot.training.prompts import task_prompts
 
         prompts = task_prompts(task, split, n_prompts)
     for prompt in tqdm(prompts, desc="calibrating draft graph"):
@@ -80,7 +80,7 @@ def calibrate(target_dir: str, n_prompts: int, keep: int = 64, seed: int = 0, ta
 
 
 def main(argv: list[str] | None = None) -> None:
-    from lm_eval_spot.config import default_target_path
+    from lm_eval_spot.settings.args import default_target_path
 
     ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.baselines.graph", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

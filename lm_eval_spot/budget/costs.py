@@ -16,7 +16,7 @@ from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.decoding.proposer import Proposer, RoundContext
 from lm_eval_spot.decoding.stale import summarize
 from lm_eval_spot.decoding.step_policy import StartupCosts, StepPolicy
-from lm_eval_spot.decoding.transfer import HostLink, sync
+from lm_eval_spot.transfer import HostLink, sync
 
 log = logging.getLogger("lm_eval.spot")
 

@@ -19,7 +19,7 @@ from lm_eval_spot.decoding.step_policy import RequestPace, StepPolicy, StepView
 from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecode, RoundObserver,
                                         StopCheck, run_round)
 from lm_eval_spot.decoding.proposer import Proposer, prepare_batch
-from lm_eval_spot.decoding.transfer import sync
+from lm_eval_spot.transfer import sync
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 
 from lm_eval_spot.adapters.base import TargetInfo, TargetSession
 from lm_eval_spot.decoding.noise import gumbel_rows
-from lm_eval_spot.decoding.transfer import upload
+from lm_eval_spot.transfer import upload
 
 
 class BlockCursor:

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from lm_eval_spot.decoding.transfer import DeviceClock
+from lm_eval_spot.transfer import DeviceClock
 from lm_eval_spot.decoding.types import RoundTiming
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from lm_eval_spot.decoding.sampling import Truncation
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.transfer import HostLink
 from lm_eval_spot.decoding.transition import transition
 from lm_eval_spot.decoding.tree import DraftTree, accepted_path
 from lm_eval_spot.decoding.types import NonFiniteLogitsError

@@ -17,7 +17,7 @@ from lm_eval_spot.decoding.block import BlockCursor
 from lm_eval_spot.decoding.proposer import Proposer, RoundContext
 from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.stale import Stale, summarize
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.transfer import HostLink
 from lm_eval_spot.decoding.tree import DraftTree
 
 

@@ -29,7 +29,7 @@ from lm_eval_spot.decoding.observe import PendingCommits
 from lm_eval_spot.decoding.proposer import Proposer, RoundContext
 from lm_eval_spot.decoding.rejection import RejectionVerifier
 from lm_eval_spot.decoding.stops import StopWatch
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.transfer import HostLink
 from lm_eval_spot.decoding.tree import DraftTree, compile_states
 from lm_eval_spot.decoding.types import (DecodeConfig, DecodeResult, LookaheadCount, NonFiniteLogitsError,
                                          RoundObserver, RoundTiming, StopCheck)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from lm_eval_spot.decoding.stale import Stale, summarize
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.transfer import HostLink
 from lm_eval_spot.decoding.types import RoundObserver
 
 # Rows held before a summary: about 28 commits at L = 32, V = 293. Fewer rows pay the per-call overhead again; a

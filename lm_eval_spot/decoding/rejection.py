@@ -15,7 +15,7 @@ import torch
 
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.sampling import Truncation
-from lm_eval_spot.decoding.transfer import HostLink, upload
+from lm_eval_spot.transfer import HostLink, upload
 from lm_eval_spot.decoding.transition import select_positions
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.decoding.types import NonFiniteLogitsError

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lm_eval_spot.decoding.sampling import Truncation
-from lm_eval_spot.decoding.transfer import HostLink
+from lm_eval_spot.transfer import HostLink
 from lm_eval_spot.decoding.transition import row_chunks
 
 TOP_K = 32  # the paper's drafter reads the stale top-32 probabilities

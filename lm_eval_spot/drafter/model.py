@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_spot.config import SpotUserError
+from lm_eval_spot.settings.args import SpotUserError
 from lm_eval_spot.drafter.encoder import encode
 from lm_eval_spot.decoding.stale import Stale
 from lm_eval_spot.drafter.features import FEATURE_VERSION, MASKED, MAX_DEPTH, TOP_K, node_status, prob_features
@@ -185,7 +185,7 @@ def load_drafter(path: Path, block_len: int) -> tuple[DrafterModel, DrafterMeta]
     if meta.feature_version != expected:
         raise DrafterMismatchError(
             f"spot-dlm: drafter {str(path)!r} has feature version {meta.feature_version}, this code reads "
-            f"version {expected} for its architecture; retrain it with python -m lm_eval_spot.drafter.train"
+            f"version {expected} for its architecture; retrain it with python -m lm_eval_spot.training.train"
         )
     check_block_len(model, meta, block_len, str(path))
     state = _read_weights(path, doc.get("weights_sha256"))
@@ -227,7 +227,7 @@ def _read_description(path: Path) -> tuple[dict[str, Any], DrafterMeta]:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise DrafterMismatchError(
             f"spot-dlm: drafter {str(path)!r}: drafter.json is not a drafter description "
-            f"({type(err).__name__}: {str(err)[:120]}); rewrite it with python -m lm_eval_spot.drafter.train"
+            f"({type(err).__name__}: {str(err)[:120]}); rewrite it with python -m lm_eval_spot.training.train"
         ) from None
 
 

@@ -24,8 +24,9 @@ from typing import Any, Callable
 
 import torch
 
-from lm_eval_spot.config import SpotArgError, SpotArgs, shipped_drafter_path
+from lm_eval_spot.settings.args import SpotArgError, SpotArgs, shipped_drafter_path
 from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, draftable_rounds
+from lm_eval_spot.drafter.loss import factored_loss
 from lm_eval_spot.drafter.factored import FactoredOrderModel
 
 log = logging.getLogger("lm_eval.spot.adapt")  # a child of lm-eval's logger: its CLI shows these lines
@@ -155,7 +156,6 @@ class OnlineAdapter:
         return moved
 
     def _step(self, data: Trajectories, idx: torch.Tensor) -> float:
-        from lm_eval_spot.drafter.fit import factored_loss  # the trainer's own loss: one definition
 
         loss = factored_loss(self.model, data, idx, self.cfg.max_depth)
         self.opt.zero_grad(set_to_none=True)
@@ -201,7 +201,7 @@ def adapt_across_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any] | None:
 def online_adapter_for(args: SpotArgs, proposer: Any, drafter_path: Path | None, seed: int) -> OnlineAdapter | None:
     """The run's adapter: on when asked (adapt=online, drafter_out=) or, under adapt=auto, when the run drafts with a
     drafter not trained on this target (the shipped transfer drafter); None otherwise."""
-    from lm_eval_spot.drafter.proposer import LearnedOrder
+    from lm_eval_spot.drafter.spot_proposer import LearnedOrder
 
     transfer = drafter_path is not None and drafter_path.resolve() == shipped_drafter_path("transfer").resolve()
     asked = args.adapt == "online" or (args.adapt == "auto" and args.drafter_out is not None)

@@ -7,7 +7,7 @@ same pairs control would have produced at those states). No extra target forward
 
 A data folder holds one target at one block length: `collect.json` (written once, checked by every later run)
 and `rec_*.safetensors` shards, each written atomically under a name unique to its process, so runs and ranks
-append side by side. `python -m lm_eval_spot.drafter.train train --data DIR --out D2` reads them.
+append side by side. `python -m lm_eval_spot.training.train train --data DIR --out D2` reads them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from lm_eval_spot.config import SpotUserError
+from lm_eval_spot.settings.args import SpotUserError
 from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, save_tensors_atomic
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from lm_eval_spot.config import SpotArgError, SpotArgs
+from lm_eval_spot.settings.args import SpotArgError, SpotArgs
 from lm_eval_spot.families import dream, hf_causal, llada, llada2, sdar
 from lm_eval_spot.families.common import LoadedTarget, read_config, with_concrete_dtype
 

@@ -12,7 +12,7 @@ import torch
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.adapters.ragged import head_sees_only  # noqa: F401  (the families' official forwards use it)
-from lm_eval_spot.config import SpotArgError, SpotArgs
+from lm_eval_spot.settings.args import SpotArgError, SpotArgs
 
 log = logging.getLogger("lm_eval.spot")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
-from lm_eval_spot.config import SpotArgError, SpotArgs
+from lm_eval_spot.settings.args import SpotArgError, SpotArgs
 from lm_eval_spot.families import common
 
 NAME = "hf-block-causal"

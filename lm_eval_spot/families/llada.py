@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lm_eval_spot.adapters.bidirectional import BidirectionalAdapter, NativeCanvas
-from lm_eval_spot.config import SpotArgError, SpotArgs
+from lm_eval_spot.settings.args import SpotArgError, SpotArgs
 from lm_eval_spot.families import common
 
 NAME = "llada"

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lm_eval_spot.adapters.remote_block_causal import RemoteBlockCausalAdapter
-from lm_eval_spot.config import SpotArgError, SpotArgs
+from lm_eval_spot.settings.args import SpotArgError, SpotArgs
 from lm_eval_spot.families import common
 
 NAME = "llada2-moe"

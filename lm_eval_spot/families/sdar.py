@@ -18,7 +18,7 @@ import torch
 
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.adapters.remote_block_causal import RemoteBlockCausalAdapter
-from lm_eval_spot.config import SpotArgError, SpotArgs
+from lm_eval_spot.settings.args import SpotArgError, SpotArgs
 from lm_eval_spot.families import common
 
 NAME = "sdar"

@@ -13,7 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from lm_eval_spot.adapters.base import TargetAdapter, positions_needed
-from lm_eval_spot.config import SpotArgs, SpotUserError
+from lm_eval_spot.settings.args import SpotArgs, SpotUserError
 from lm_eval_spot.decoding.batch import DecodeJob, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig
 from lm_eval_spot.decoding.noise import mix_seed

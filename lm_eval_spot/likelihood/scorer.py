@@ -29,7 +29,7 @@ import torch
 from lm_eval_spot.adapters.base import SharesForwards, TargetAdapter
 from lm_eval_spot.adapters.bidirectional import raw_positions
 from lm_eval_spot.decoding.noise import mix_seed
-from lm_eval_spot.likelihood.masks import MaskPlan, combine, plan_for
+from lm_eval_spot.likelihood.patterns import MaskPlan, combine, plan_for
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from lm_eval_spot.config import parse_args
+from lm_eval_spot.settings.args import parse_args
 from lm_eval_spot.families import load_target
 from lm_eval_spot.likelihood.scorer import LikelihoodConfig, Pair, score_pairs
 

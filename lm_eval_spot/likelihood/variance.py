@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from lm_eval_spot.config import parse_args
+from lm_eval_spot.settings.args import parse_args
 from lm_eval_spot.families import load_target
 from lm_eval_spot.likelihood.harness import encode_pair, pair_seed
 from lm_eval_spot.likelihood.scorer import LikelihoodConfig, Pair, score_pairs
-from lm_eval_spot.registration import tasks_dir
+from lm_eval_spot.harness.registration import tasks_dir
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """How fast SPOT could be at batch size N on this machine, whatever its implementation: an upper bound from the
 target's measured cost curve and SPOT's measured commits per round.
 
-    python -m lm_eval_spot.research.batch_bound --n 100 --sizes 8 32 --budgets 1 2 4 8 --out docs/results/batch_bound_cpu
+    python -m research.batch_bound --n 100 --sizes 8 32 --budgets 1 2 4 8 --out docs/results/batch_bound_cpu
 
 A round of SPOT at budget D runs 1 + D rows per request and commits c(D) tokens per request on average (measured
 here at batch size 1; cross-block lookahead on, its extra rows not charged). Control runs 1 row and commits 1. In
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from lm_eval_spot.research.report import report
+from research.report import report
 
-log = logging.getLogger("lm_eval_spot.research.batch_bound")
+log = logging.getLogger("research.batch_bound")
 
 
 def forward_curve(adapter: Any, prompts: list[list[int]], N: int, ks: list[int], repeats: int) -> dict[int, float]:
@@ -64,14 +64,14 @@ def forward_curve(adapter: Any, prompts: list[list[int]], N: int, ks: list[int],
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from lm_eval_spot.config import drafter_for, parse_args
+    from lm_eval_spot.settings.args import drafter_for, parse_args
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.families import load_target
-    from lm_eval_spot.methods import MethodSpec, make_proposer
-    from lm_eval_spot.stopping import make_stop_check
-    from lm_eval_spot.task_source import TaskSource
+    from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
+    from lm_eval_spot.harness.until import make_stop_check
+    from lm_eval_spot.training.prompts import TaskSource
 
     torch.set_num_threads(args.threads)
     loaded = load_target(parse_args({"pretrained": args.target, "mode": "control", "device": args.device}))
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log.info("N=%d: forward ms %s; control host %.3f ms per request-round; bounds %s", N,
                  {k: round(v, 2) for k, v in curve.items()}, host_ms,
                  ", ".join(f"D={r['D']}: {r['bound']:.2f}x" for r in rows))
-    return {"command": "python -m lm_eval_spot.research.batch_bound " + " ".join(args.argv),
+    return {"command": "python -m research.batch_bound " + " ".join(args.argv),
             "machine": {"platform": platform.platform(), "threads": args.threads, "torch": torch.__version__},
             "temperature": args.temperature, "n": len(prompts), **out}
 
@@ -143,7 +143,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from lm_eval_spot.config import default_target_path
+    from lm_eval_spot.settings.args import default_target_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(default_target_path()))

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_spot.config import SpotUserError
+from lm_eval_spot.settings.args import SpotUserError
 
 MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")  # lm-eval's aliases
 ACCEPTED = ("until", *MAX_TOKEN_KEYS, "do_sample", "temperature", "top_k", "top_p")

@@ -1,11 +1,11 @@
 """Train the embedded spot_arith block-diffusion target (SDAR recipe) on CPU.
 
-    python -m lm_eval_spot.research.train_target --out DIR [--minutes M | --steps N] [--seed S] [--hidden H] [--layers K] ...
+    python -m research.train_target --out DIR [--minutes M | --steps N] [--seed S] [--hidden H] [--layers K] ...
 
 Model: transformers' native Qwen3ForCausalLM (no remote code), tied embeddings, trained as a block-diffusion LM with
 block length L = 32 aligned to absolute position 0. Each training sequence is prompt + answer + eos, padded with
 eos to a multiple of L. The input is [clean blocks ; noisy copy of all blocks]: a noisy block k sees clean blocks
-< k and itself (lm_eval_spot.masks.dual_stream_allowed), exactly what it sees at inference where earlier blocks sit
+< k and itself (lm_eval_spot.adapters.attention_masks.dual_stream_allowed), exactly what it sees at inference where earlier blocks sit
 in the prefix cache. Each noisy block draws t ~ U(eps, 1] and masks every answer position (never the prompt) with
 probability t; the loss is cross-entropy on masked positions, logits position-aligned (position i predicts token i).
 
@@ -44,7 +44,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from lm_eval_spot.arith import generator as gen  # noqa: E402
 from lm_eval_spot.arith.tokenizer import build_tokenizer  # noqa: E402
-from lm_eval_spot.masks import allowed_to_additive, block_causal_allowed, dual_stream_allowed  # noqa: E402
+from lm_eval_spot.adapters.attention_masks import allowed_to_additive, block_causal_allowed, dual_stream_allowed  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -525,7 +525,7 @@ def _train(cfg: TrainConfig) -> Path:
     final = out / "final"
     model.eval()
     if cfg.attention == "bidirectional":
-        from lm_eval_spot.research.llada_checkpoint import save_as_llada
+        from research.llada_checkpoint import save_as_llada
 
         save_as_llada(model, final, tok.mask_token_id, L)
     else:
@@ -553,7 +553,7 @@ def _train(cfg: TrainConfig) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    p = argparse.ArgumentParser(prog="python -m lm_eval_spot.research.train_target", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m research.train_target", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="run directory (checkpoints, final/, eval.json); reruns resume")
     md, td = ModelConfig(), TrainConfig(out="")
     for f in dataclasses.fields(ModelConfig):

@@ -1,8 +1,8 @@
 """Per-round cost at real vocabulary width: a random-init target with a real family's shape, through the whole loop.
 
-    python -m lm_eval_spot.research.scale_probe                       # Qwen3-shaped, vocab 151,936, hidden 1,024, 2 layers
-    python -m lm_eval_spot.research.scale_probe --shape sdar-1.7b --device cuda --dtype bfloat16 --curve
-    python -m lm_eval_spot.research.scale_probe --check --device cuda --out gpu_check.json   # scripts/gpu_check.sh
+    python -m research.scale_probe                       # Qwen3-shaped, vocab 151,936, hidden 1,024, 2 layers
+    python -m research.scale_probe --shape sdar-1.7b --device cuda --dtype bfloat16 --curve
+    python -m research.scale_probe --check --device cuda --out gpu_check.json   # scripts/gpu_check.sh
 
 Acceptance does not matter for what this measures (a random-weight drafter proposes the trees), only the cost
 of a round: for control and SPOT (D = 8 by default) at T = 0 and T = 1 it reports the bytes read back from the
@@ -35,12 +35,12 @@ import torch
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
-from lm_eval_spot.decoding.transfer import sync
+from lm_eval_spot.transfer import sync
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
-from lm_eval_spot.research.report import report
+from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from research.report import report
 
-log = logging.getLogger("lm_eval_spot.research.scale_probe")
+log = logging.getLogger("research.scale_probe")
 
 VOCAB = 151_936
 # Public shapes (config.json fields of the released checkpoints); weights are random. "tiny" only exercises the
@@ -269,21 +269,21 @@ BENCH_CONFIGS = (("graph", 8), ("spot", 8), ("spot", 20))
 
 def embedded_bench(device: str, n: int, temps: list[float], max_gen_toks: int, drafter_device: str,
                    seed: int = 0) -> dict[str, Any]:
-    """`python -m lm_eval_spot.research.bench --methods graph,spot --budgets 8,20` without lm-eval: the first n spot_arith
+    """`python -m research.bench --methods graph,spot --budgets 8,20` without lm-eval: the first n spot_arith
     test problems (regenerated from the task's seed: the same prompts as the task file), the embedded target,
     the shipped drafter and graph, paired timing as the bench does it (control before and after every sample,
     the configurations in an order rotated per sample). Accuracy: the answer after '#### ' against the
     problem's, which is what the task's strict-match filter and exact_match metric score here."""
     from lm_eval_spot.arith.generator import final_from_answer, make_prompt, make_split
     from lm_eval_spot.baselines.rank_graph import RankGraph
-    from lm_eval_spot.research.bench import Row, _timed
-    from lm_eval_spot.config import default_graph_path, default_target_path, drafter_for
-    from lm_eval_spot.cards import parse_model_args
+    from research.bench import Row, _timed
+    from lm_eval_spot.settings.args import default_graph_path, default_target_path, drafter_for
+    from lm_eval_spot.settings.cards import parse_model_args
     from lm_eval_spot.decoding.batch import for_request
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.families import load_target
-    from lm_eval_spot.methods import MethodSpec, make_proposer
-    from lm_eval_spot.stopping import cut_text, make_stop_check
+    from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
+    from lm_eval_spot.harness.until import cut_text, make_stop_check
 
     raw = {"pretrained": str(default_target_path()), "device": device}
     loaded = load_target(parse_model_args({**raw, "mode": "control"}))
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bench-max-gen-toks", type=int, default=96, help="--check: as the bench's --max-gen-toks")
     ap.add_argument("--out", type=Path, default=None, help="output folder (--check: the JSON file)")
     args = ap.parse_args(argv)
-    args.command = "python -m lm_eval_spot.research.scale_probe " + " ".join(sys.argv[1:] if argv is None else argv)
+    args.command = "python -m research.scale_probe " + " ".join(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """What recording drafter training data (`drafter_data=`) costs a control run: wall time and disk.
 
-    python -m lm_eval_spot.research.record_cost --n 200 --repeats 3 --threads 1 --out docs/results/record_cost
+    python -m research.record_cost --n 200 --repeats 3 --threads 1 --out docs/results/record_cost
 
 Every prompt is decoded by control without and with recording, `repeats` times each, the two alternating (which
 goes first alternates too), so the machine's drift hits both alike. Recording is timed as a run pays it: the decode
@@ -26,20 +26,20 @@ from typing import Any
 
 import torch
 
-from lm_eval_spot.research.report import report
+from research.report import report
 
-log = logging.getLogger("lm_eval_spot.research.record_cost")
+log = logging.getLogger("research.record_cost")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from lm_eval_spot.config import parse_args
+    from lm_eval_spot.settings.args import parse_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.recording import DrafterDataWriter
     from lm_eval_spot.families import load_target
-    from lm_eval_spot.stopping import make_stop_check
-    from lm_eval_spot.task_source import TaskSource
+    from lm_eval_spot.harness.until import make_stop_check
+    from lm_eval_spot.training.prompts import TaskSource
 
     torch.set_num_threads(args.threads)
     loaded = load_target(parse_args({"pretrained": args.target, "device": "cpu", "mode": "control"}))
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     on_total = sum(on_s) + flush_s
     ratios = [b / a for a, b in zip(off_s, on_s, strict=True)]
     return {
-        "command": "python -m lm_eval_spot.research.record_cost " + " ".join(args.argv),
+        "command": "python -m research.record_cost " + " ".join(args.argv),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": args.threads},
         "target": args.target, "block_len": info.block_len, "vocab": info.vocab_size, "prompts": len(docs),
         "repeats": args.repeats, "temperature": args.temperature,
@@ -125,10 +125,10 @@ def table(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from lm_eval_spot.config import default_target_path
+    from lm_eval_spot.settings.args import default_target_path
 
     raw = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.research.record_cost", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m research.record_cost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(default_target_path()), help="checkpoint folder (= pretrained=)")
     ap.add_argument("--tasks", default="spot_arith", help="one lm-eval generation task (its prompts)")

@@ -9,7 +9,7 @@ from typing import Any
 
 from lm_eval_spot.decoding.types import DecodeResult
 from lm_eval_spot.likelihood.harness import LikelihoodStats
-from lm_eval_spot.metrics import PairedStats, RunStats, SampleStats
+from lm_eval_spot.reports.run_stats import PairedStats, RunStats, SampleStats
 
 
 def sample_entry(context: str, r: DecodeResult, unknown: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Online adaptation against its references, through the real `spot-dlm` model class, one process:
 
-    python -m lm_eval_spot.research.adapt_bench --target runs/b8/final --own runs/b8_drafter/drafter --n 500
+    python -m research.adapt_bench --target runs/b8/final --own runs/b8_drafter/drafter --n 500
 
 For each temperature, the task's first N requests (default spot_arith) are decoded in order by fresh `spot-dlm`
 instances: SPOT with the transfer drafter adapting online (paired with control: exact match counted), the same
@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("lm_eval_spot.research.adapt_bench")
+log = logging.getLogger("research.adapt_bench")
 
 
 def _requests(task: str, n: int, temperature: float) -> list[Any]:
     from lm_eval.api.instance import Instance
 
-    from lm_eval_spot.task_source import TaskSource
+    from lm_eval_spot.training.prompts import TaskSource
 
     src = TaskSource(task, n)
     out = []
@@ -40,8 +40,8 @@ def _requests(task: str, n: int, temperature: float) -> list[Any]:
 
 
 def run_config(name: str, model_args: dict[str, Any], requests: list[Any], last: int) -> dict[str, Any]:
-    from lm_eval_spot.lm import SpotDLM
-    from lm_eval_spot.metrics import nfe_by_tenth
+    from lm_eval_spot.harness.model import SpotDLM
+    from lm_eval_spot.reports.run_stats import nfe_by_tenth
 
     t0 = time.perf_counter()
     lm = SpotDLM(**model_args)

@@ -11,12 +11,12 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "spot-dlm"
-MODEL_TARGET = "lm_eval_spot.lm:SpotDLM"
+MODEL_TARGET = "lm_eval_spot.harness.model:SpotDLM"
 
 
 def tasks_dir() -> Path:
     """The plugin's task folder: inside the installed package, or the repo's `tasks/` in a source checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the package
     for cand in (here / "tasks", here.parent / "tasks"):
         if cand.is_dir():
             return cand
@@ -68,7 +68,7 @@ def wrap_cli(main_module: ModuleType) -> None:
         return
 
     def cli_evaluate(*args, **kwargs):
-        from lm_eval_spot.config import SpotUserError
+        from lm_eval_spot.settings.args import SpotUserError
 
         try:
             return original(*args, **kwargs)
@@ -95,7 +95,7 @@ def install_excepthook() -> None:
         return
 
     def hook(kind, value, tb):
-        from lm_eval_spot.config import SpotUserError
+        from lm_eval_spot.settings.args import SpotUserError
 
         if isinstance(value, SpotUserError) and not _debug():
             sys.stderr.write(f"error: {value} (set {DEBUG_ENV}=1 for the traceback)\n")

@@ -1,7 +1,7 @@
 """The benchmark: every drafting method x budget x temperature against control, in ONE process, per sample.
 
-    python -m lm_eval_spot.research.bench --quick                      # < 10 min on 2 cores
-    python -m lm_eval_spot.research.bench --n 100 --out docs/results/bench
+    python -m research.bench --quick                      # < 10 min on 2 cores
+    python -m research.bench --n 100 --out docs/results/bench
 
 Each sample is decoded by control, then by every configuration (in an order rotated per sample), then by
 control again; a configuration's throughput ratio on that sample is control's mean wall time over its own, so
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from lm_eval_spot.modes import BASELINE_MODES, LEARNED_MODES, MODE_TABLE
+from lm_eval_spot.settings.modes import BASELINE_MODES, LEARNED_MODES, MODE_TABLE
 
-log = logging.getLogger("lm_eval_spot.research.bench")
+log = logging.getLogger("research.bench")
 
 # Baselines first, then SPOT's modes, the oracle last (the table's drafting modes, in plotting order).
 METHODS = BASELINE_MODES + LEARNED_MODES + tuple(m.name for m in MODE_TABLE
@@ -94,16 +94,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from lm_eval_spot.budget import MAX_BUDGET, build_policy
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
-    from lm_eval_spot.cards import parse_model_args
-    from lm_eval_spot.config import drafter_for, default_graph_path
+    from lm_eval_spot.settings.cards import parse_model_args
+    from lm_eval_spot.settings.args import drafter_for, default_graph_path
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.baselines.rank_graph import RankGraph
     from lm_eval_spot.families import load_target
-    from lm_eval_spot.methods import MethodSpec, make_proposer
-    from lm_eval_spot.stopping import cut_text, make_stop_check
-    from lm_eval_spot.task_source import TaskSource
+    from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
+    from lm_eval_spot.harness.until import cut_text, make_stop_check
+    from lm_eval_spot.training.prompts import TaskSource
 
     torch.set_num_threads(args.threads)
     model_args = dict(kv.split("=", 1) for kv in args.model_args.split(",") if kv) if args.model_args else {}
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row.correct = source.score(row.texts)
     return {
         "task": source.name,
-        "command": "python -m lm_eval_spot.research.bench " + " ".join(args.argv),
+        "command": "python -m research.bench " + " ".join(args.argv),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": args.threads,
                     "torch": torch.__version__, "device": args.device,
                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else None},
@@ -353,10 +353,10 @@ def plot(res: dict[str, Any], out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> None:
     import sys
 
-    from lm_eval_spot.config import default_target_path
+    from lm_eval_spot.settings.args import default_target_path
 
     raw = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.research.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m research.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(default_target_path()), help="checkpoint folder (= pretrained=)")
     ap.add_argument("--model_args", default="", help="spot-dlm model args for the target: pretrained=...,dtype=...")

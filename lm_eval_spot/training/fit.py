@@ -2,7 +2,7 @@
 evaluation on held-out rounds (acceptance depth, top-1 order accuracy).
 
 The command around it (collecting trajectories from a target, then `train`, `evaluate`) is
-`lm_eval_spot.drafter.train`; online adaptation (`drafter.online`) fine-tunes with this module's loss.
+`lm_eval_spot.training.train`; online adaptation (`drafter.online`) fine-tunes with this module's loss.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from lm_eval_spot.drafter.data import Trajectories, draftable_rounds, make_batch, make_round_batch, replay_examples
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
+from lm_eval_spot.drafter.loss import factored_loss
 from lm_eval_spot.drafter.model import DrafterModel, OrderModelConfig, build_model
 
 log = logging.getLogger(__name__)
@@ -90,16 +91,6 @@ def split_examples(traj: Trajectories, cfg: TrainConfig) -> tuple[torch.Tensor, 
     ex = replay_examples(traj, cfg.max_depth)
     held = traj.sample_id[ex[:, 0]] >= cut
     return ex[~held], ex[held]
-
-
-def factored_loss(model: FactoredOrderModel, traj: Trajectories, rounds: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """Cross-entropy of the next true commit over every replay depth < max_depth of each root in `rounds`."""
-    b = make_round_batch(traj, rounds, max_depth, model.cfg.max_block_len, model.cfg.top_k)
-    dev = model.device
-    logits = model.node_logits(model.tables(b.feat.to(dev), b.rank.to(dev), b.status.to(dev)), b.on_path.to(dev),
-                               b.last.to(dev))
-    valid = b.valid.to(dev)
-    return torch.nn.functional.cross_entropy(logits[valid], b.label.to(dev)[valid])
 
 
 def _loss(model: DrafterModel, traj: Trajectories, units: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:

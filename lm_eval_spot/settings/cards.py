@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lm_eval_spot import families
-from lm_eval_spot.config import DTYPES, IMPLS, SpotArgError, SpotArgs, parse_args
+from lm_eval_spot.settings.args import DTYPES, IMPLS, SpotArgError, SpotArgs, parse_args
 
 REQUIRED = ("family", "hub_id", "mask_id", "eos_id", "stop_ids", "block_len", "grid_origin", "chat_template",
             "dtype", "transformers", "prefix_cache", "budget", "gamma", "drafter")
@@ -30,7 +30,7 @@ class Card:
 
 def cards_dir() -> Path:
     """Inside the installed package, or the repo's `model_cards/` in a source checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the package
     for cand in (here / "model_cards", here.parent / "model_cards"):
         if cand.is_dir():
             return cand

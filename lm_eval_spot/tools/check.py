@@ -1,6 +1,6 @@
 """Self-check of a target on the user's own hardware, with the user's own weights:
 
-    python -m lm_eval_spot.check --model_args pretrained=JetLM/SDAR-4B-Chat,card=sdar-4b-chat --device cuda
+    python -m lm_eval_spot.tools.check --model_args pretrained=JetLM/SDAR-4B-Chat,card=sdar-4b-chat --device cuda
 
 Same model-argument grammar as `lm_eval --model_args`. Rows (each pass / warn / fail / skip):
 - cache == full recomputation: the adapter's cached block logits against one cache-free forward of the whole
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from lm_eval_spot.adapters.bidirectional import raw_positions
-from lm_eval_spot.config import SpotArgError, SpotArgs, SpotUserError
-from lm_eval_spot.cards import parse_model_args
+from lm_eval_spot.settings.args import SpotArgError, SpotArgs, SpotUserError
+from lm_eval_spot.settings.cards import parse_model_args
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.families import load_target
 from lm_eval_spot.families.common import LoadedTarget
@@ -191,8 +191,8 @@ def check_native_vs_remote(args: SpotArgs, loaded: LoadedTarget, prompt: list[in
 
 def _proposer(args: SpotArgs, loaded: LoadedTarget) -> tuple[Any, str]:
     from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-    from lm_eval_spot.drafter.proposer import SpotProposer, TreeConfig
-    from lm_eval_spot.methods import build_proposer
+    from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+    from lm_eval_spot.settings.proposers import build_proposer
 
     budget = args.budget if isinstance(args.budget, int) else 8
     try:
@@ -329,7 +329,7 @@ def format_table(target: dict[str, Any], rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from lm_eval.utils import simple_parse_args_string
 
-    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.tools.check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model_args", default="", help="as for lm_eval: pretrained=...,card=...,impl=...")
     ap.add_argument("--device", default=None, help="overrides device= in --model_args")
     ap.add_argument("--prompt", action="append", help="a prompt text (repeatable); default: three built-in prompts")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lm_eval_spot.errors import SpotArgError, SpotUserError
-from lm_eval_spot.modes import CHAIN_MODES, LEARNED_MODES, MODE_NAMES
+from lm_eval_spot.settings.modes import CHAIN_MODES, LEARNED_MODES, MODE_NAMES
 
 __all__ = ["SpotArgError", "SpotArgs", "SpotUserError", "parse_args"]  # the errors live in errors.py
 
@@ -43,12 +43,12 @@ def merge_harness_args(model_args: dict[str, Any], harness: dict[str, Any]) -> t
 
 def default_target_path() -> Path:
     """The embedded trained target shipped inside the package."""
-    return Path(__file__).parent / "assets" / "spot-arith-target"
+    return Path(__file__).resolve().parents[1] / "assets" / "spot-arith-target"
 
 
 def default_drafter_path() -> Path:
     """The drafter trained for the embedded target, shipped inside the package."""
-    return Path(__file__).parent / "assets" / "spot-arith-drafter"
+    return Path(__file__).resolve().parents[1] / "assets" / "spot-arith-drafter"
 
 
 # Drafters shipped inside the package, by name (drafter=NAME): "paper" (the embedded target's own, its default),
@@ -59,7 +59,7 @@ SHIPPED_DRAFTERS = {"paper": "spot-arith-drafter", "small": "spot-arith-drafter-
 
 
 def shipped_drafter_path(name: str) -> Path:
-    return Path(__file__).parent / "assets" / SHIPPED_DRAFTERS[name]
+    return Path(__file__).resolve().parents[1] / "assets" / SHIPPED_DRAFTERS[name]
 
 
 def is_embedded_target(pretrained: str) -> bool:
@@ -76,7 +76,7 @@ def drafter_for(args: SpotArgs) -> Path:
 
 def default_graph_path() -> Path:
     """The draft graph calibrated on the embedded target (mode=graph), shipped inside the package."""
-    return Path(__file__).parent / "assets" / "spot-arith-graph.json"
+    return Path(__file__).resolve().parents[1] / "assets" / "spot-arith-graph.json"
 
 
 def _as_bool(name: str, value: Any) -> bool:
@@ -148,7 +148,7 @@ class SpotArgs:
     # Bidirectional families: "none" recomputes the whole canvas every forward (exact); "approx" is Fast-dLLM's
     # prefix cache (not lossless against full recomputation; SPOT stays exact relative to the cached control).
     cache: str = "none"
-    # CPU intra-op threads while decoding; None ("auto"): lm_eval_spot.threads picks (1 for small targets, unless
+    # CPU intra-op threads while decoding; None ("auto"): lm_eval_spot.settings.threads picks (1 for small targets, unless
     # OMP_NUM_THREADS or torch.set_num_threads was set by the user).
     threads: int | None = None
     # Cross-block lookahead (block-causal targets): a round that can finish the block also scores the next block
@@ -156,7 +156,7 @@ class SpotArgs:
     # batch_invariant (the extra row would change the forward's shape).
     lookahead: bool = True
     # Folder that collects drafter training data from this run's own decoding (any mode, no extra forward):
-    # python -m lm_eval_spot.drafter.train train --data FOLDER --out D fits a drafter for this target from it.
+    # python -m lm_eval_spot.training.train train --data FOLDER --out D fits a drafter for this target from it.
     drafter_data: str | None = None
     # Online adaptation of the learned drafter from the run's own verified commits (`drafter/online.py`):
     # "auto" is online when the run drafts with a drafter not trained on this target (the shipped transfer
@@ -192,7 +192,7 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
     if raw.get("card") is not None and raw.get("family") is None:
         # A card's defaults are merged by `cards.parse_model_args` (config knows nothing of cards): every card
         # names its family, so a card without one here was never merged.
-        raise ValueError("card= is read by lm_eval_spot.cards.parse_model_args, not config.parse_args")
+        raise ValueError("card= is read by lm_eval_spot.settings.cards.parse_model_args, not config.parse_args")
     args: dict[str, Any] = {}
     for name in ("family", "card", "attn_implementation"):
         if raw.get(name) is not None:
@@ -332,7 +332,7 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
         if not (drafter / "drafter.json").is_file():
             raise SpotArgError(
                 f"spot-dlm: drafter={str(drafter)!r} is not a drafter folder (no drafter.json); accepted: a folder "
-                "written by python -m lm_eval_spot.drafter.train, a shipped one by name (paper, small, transfer), or "
+                "written by python -m lm_eval_spot.training.train, a shipped one by name (paper, small, transfer), or "
                 "mode=control"
             )
     return out

@@ -1,6 +1,6 @@
 """Decoding-dynamics report of a target on a task: the paper's section 3.1 measures, on any target.
 
-    python -m lm_eval_spot.research.analysis [--target PATH] [--drafter PATH] [--n 200] [--budget 8] [--out report.json]
+    python -m research.analysis [--target PATH] [--drafter PATH] [--n 200] [--budget 8] [--out report.json]
 
 Runs on the spot_arith test split (or --prompts-file), at T=0:
 * control decoding, observed at every commit: by block index, how often the stale argmax token is the committed
@@ -100,7 +100,7 @@ def analyse(loaded: Any, prompts: list[str], drafter_path: Path, budget: int, or
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.model import load_drafter
-    from lm_eval_spot.methods import MethodSpec, make_proposer
+    from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
 
     ad = loaded.adapter
     cfg = DecodeConfig(max_gen_toks=max_gen_toks)
@@ -172,7 +172,7 @@ def analyse(loaded: Any, prompts: list[str], drafter_path: Path, budget: int, or
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.research.analysis", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m research.analysis", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target checkpoint folder (default: the embedded target)")
     ap.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
@@ -189,14 +189,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from lm_eval_spot.cards import parse_model_args
-    from lm_eval_spot.config import drafter_for
+    from lm_eval_spot.settings.cards import parse_model_args
+    from lm_eval_spot.settings.args import drafter_for
     from lm_eval_spot.families import load_target
 
     if args.prompts_file:
         prompts = [json.loads(x)["prompt"] for x in Path(args.prompts_file).read_text().splitlines() if x.strip()]
     else:
-        from lm_eval_spot.task_source import TaskSource
+        from lm_eval_spot.training.prompts import TaskSource
 
         prompts = [p.context for p in TaskSource(args.tasks, args.n).prompts]
     prompts = prompts[: args.n]

@@ -1,7 +1,7 @@
 """The default against control as users run it: the lm_eval CLI, one process per run, tokens per second from the
 results' `config.spot.gen_tokens_per_s`, at several batch sizes and temperatures, per target.
 
-    python -m lm_eval_spot.research.cli_pairs --limit 120 --sizes 1 8 32 --temps 0 1 \
+    python -m research.cli_pairs --limit 120 --sizes 1 8 32 --temps 0 1 \
         --target embedded= --target b8=/work/runs/b8/final --target e8c=/work/runs/e8c/final:80 \
         --out docs/results/never_slower
 
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("lm_eval_spot.research.cli_pairs")
+log = logging.getLogger("research.cli_pairs")
 
 
 def run_one(pretrained: str, model_args: str, T: float, N: int, limit: int, max_gen: int | None, out: Path,
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def table(rows: list[dict[str, Any]], argv: list[str]) -> str:
-    lines = ["python -m lm_eval_spot.research.cli_pairs " + " ".join(argv), "",
+    lines = ["python -m research.cli_pairs " + " ".join(argv), "",
              "| target | T | N | config | tok/s (mean) | runs | vs control | NFE/sample | identical to control "
              "| rounds by drafted rows | start-up s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -1,6 +1,6 @@
 """Compare spot-dlm runs across models, modes, budgets and temperatures:
 
-    python -m lm_eval_spot.compare RESULTS_DIR_OR_JSON [...] [--out DIR]
+    python -m lm_eval_spot.tools.compare RESULTS_DIR_OR_JSON [...] [--out DIR]
 
 Reads lm-eval output (`results_*.json`, and the `samples_*.jsonl` beside them when the runs used --log_samples)
 and writes one table: target and drafter, task, mode, budget, temperature, n, accuracy with its stderr, NFE per
@@ -299,7 +299,7 @@ def plot(runs: list[Run], out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.compare", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.tools.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", type=Path, help="lm-eval output folders or results_*.json files")
     ap.add_argument("--out", type=Path, default=Path("compare_out"))
     a = ap.parse_args(argv)

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from lm_eval_spot.config import parse_args
+from lm_eval_spot.settings.args import parse_args
 from lm_eval_spot.families import load_target
 
 

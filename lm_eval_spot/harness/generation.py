@@ -13,7 +13,7 @@ from typing import Any
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
-from lm_eval_spot.config import SpotArgs
+from lm_eval_spot.settings.args import SpotArgs
 from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
 from lm_eval_spot.decoding.loop import DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.proposer import Proposer
@@ -21,9 +21,9 @@ from lm_eval_spot.decoding.step_policy import StepPolicy
 from lm_eval_spot.drafter.online import OnlineAdapter
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.errors import preview
-from lm_eval_spot.jobs import Job
-from lm_eval_spot.metrics import PairedStats, RunStats, nfe_by_tenth
-from lm_eval_spot.stopping import cut_text, make_stop_check
+from lm_eval_spot.harness.jobs import Job
+from lm_eval_spot.reports.run_stats import PairedStats, RunStats, nfe_by_tenth
+from lm_eval_spot.harness.until import cut_text, make_stop_check
 
 log = logging.getLogger("lm_eval.spot")
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lm_eval_spot.adapters.base import TargetInfo, positions_needed
-from lm_eval_spot.config import SpotArgs, SpotUserError
+from lm_eval_spot.settings.args import SpotArgs, SpotUserError
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.decoding.types import DecodeConfig
 from lm_eval_spot.errors import preview
-from lm_eval_spot.gen_kwargs import GenKwargsError, parse_gen_kwargs
+from lm_eval_spot.harness.gen_kwargs import GenKwargsError, parse_gen_kwargs
 
 log = logging.getLogger("lm_eval.spot")
 

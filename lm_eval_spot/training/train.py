@@ -1,6 +1,6 @@
 """Train a SPOT drafter for a target: collect control trajectories, train the order model, evaluate it.
 
-    python -m lm_eval_spot.drafter.train all --out runs/drafter [--target PATH] [--n-prompts 1200]
+    python -m lm_eval_spot.training.train all --out runs/drafter [--target PATH] [--n-prompts 1200]
 
 Sub-steps `collect`, `train`, `evaluate` can be run alone; each resumes from what it already wrote (trajectory
 shards and training checkpoints are written atomically). The result is `OUT/drafter/` (safetensors + JSON).
@@ -32,7 +32,7 @@ from tqdm import tqdm
 from lm_eval_spot.drafter.data import Trajectories, TrajectoryRecorder, save_tensors_atomic
 from lm_eval_spot.drafter.factored import FactoredConfig
 from lm_eval_spot.drafter.features import TOP_K
-from lm_eval_spot.drafter.fit import TrainConfig, evaluate_groups, load_groups, load_trajectories, train
+from lm_eval_spot.training.fit import TrainConfig, evaluate_groups, load_groups, load_trajectories, train
 from lm_eval_spot.drafter.model import (DrafterMeta, OrderModelConfig, build_model, feature_version_of, n_params,
                                         save_drafter)
 
@@ -49,7 +49,7 @@ def training_prompts(task: str, n: int, prompts_file: str | None) -> list[str]:
         rows = [json.loads(x) for x in Path(prompts_file).read_text().splitlines() if x.strip()]
         return [r["prompt"] for r in rows][:n]
     if task != "spot_arith":
-        from lm_eval_spot.task_source import task_prompts
+        from lm_eval_spot.training.prompts import task_prompts
 
         return task_prompts(task, "train", n)  # any lm-eval task with a training split
     from lm_eval_spot.arith.generator import make_prompt, make_split
@@ -62,7 +62,7 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
     """Control decoding at T=0 over the prompts; one trajectory shard per SHARD prompts (skipped if present).
     model_args: spot-dlm model args for the target (card=, trust_remote_code=, device=, dtype=, ...); chat: wrap
     each prompt in the tokenizer's chat template as a user turn (as `lm_eval --apply_chat_template` does)."""
-    from lm_eval_spot.cards import parse_model_args
+    from lm_eval_spot.settings.cards import parse_model_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.families import load_target
 
@@ -105,7 +105,7 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.drafter.train", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.training.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("step", choices=["collect", "train", "evaluate", "all"])
     ap.add_argument("--out", required=True, type=Path)

@@ -14,28 +14,28 @@ from lm_eval.api.model import LM
 from tqdm import tqdm
 
 from lm_eval_spot import __version__
-from lm_eval_spot.batch_size import auto_batch_size
+from lm_eval_spot.harness.batch_size import auto_batch_size
 from lm_eval_spot.budget import MAX_BUDGET
-from lm_eval_spot.cards import parse_model_args
-from lm_eval_spot.chat import apply_chat, chat_template_of, tokenizer_name
-from lm_eval_spot.config import SpotArgs, default_graph_path, merge_harness_args, shipped_drafter_path
+from lm_eval_spot.settings.cards import parse_model_args
+from lm_eval_spot.harness.chat import apply_chat, chat_template_of, tokenizer_name
+from lm_eval_spot.settings.args import SpotArgs, default_graph_path, merge_harness_args, shipped_drafter_path
 from lm_eval_spot.decoding.loop import DecodeConfig, DecodeResult
 from lm_eval_spot.decoding.noise import mix_seed
-from lm_eval_spot.distributed import Ranks, detect_ranks, padding_count, rank_device
+from lm_eval_spot.harness.distributed import Ranks, detect_ranks, padding_count, rank_device
 from lm_eval_spot.drafter.online import OnlineAdapter, adapt_across_ranks, online_adapter_for
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.families import load_target
 from lm_eval_spot.families.common import with_concrete_dtype
-from lm_eval_spot.jobs import Job, RequestError, plan_jobs
+from lm_eval_spot.harness.jobs import Job, RequestError, plan_jobs
 from lm_eval_spot.likelihood.harness import format_likelihood
 from lm_eval_spot.likelihood.runner import LikelihoodRunner, RunnerSetup
-from lm_eval_spot.methods import build_proposer
-from lm_eval_spot.generation import GenerationRunner, GenerationSetup
-from lm_eval_spot.metrics import PairedStats, RunStats, format_summary
-from lm_eval_spot.modes import MODES
-from lm_eval_spot.request_cache import RequestCache, run_fingerprint
-from lm_eval_spot.run_report import RankPart, merge_ranks, run_summary, sample_entry, sample_stats
-from lm_eval_spot.threads import choose_threads, decoding_threads, default_thread_counts
+from lm_eval_spot.settings.proposers import build_proposer
+from lm_eval_spot.harness.generation import GenerationRunner, GenerationSetup
+from lm_eval_spot.reports.run_stats import PairedStats, RunStats, format_summary
+from lm_eval_spot.settings.modes import MODES
+from lm_eval_spot.harness.request_cache import RequestCache, run_fingerprint
+from lm_eval_spot.reports.summary import RankPart, merge_ranks, run_summary, sample_entry, sample_stats
+from lm_eval_spot.settings.threads import choose_threads, decoding_threads, default_thread_counts
 from lm_eval_spot.tokens import TextDecoder
 
 # A child of lm-eval's logger: its CLI shows these messages (run summary, load facts) with its own.
@@ -45,7 +45,7 @@ __all__ = ["RequestError", "SpotDLM"]  # RequestError: raised by job planning, p
 
 
 class SpotDLM(LM):
-    """lm-eval model `spot-dlm`. Model args: see `lm_eval_spot.config.SpotArgs` and the README."""
+    """lm-eval model `spot-dlm`. Model args: see `lm_eval_spot.settings.args.SpotArgs` and the README."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
@@ -77,7 +77,7 @@ class SpotDLM(LM):
         if self.drafter_path is not None and self.drafter_path.resolve() == shipped_drafter_path("transfer").resolve():
             log.info("spot-dlm: mode=%s drafts with the shipped transfer drafter (trained on tiny targets, not on %s): "
                      "outputs stay exact; a drafter trained on this target accepts more drafts: add "
-                     "drafter_data=FOLDER to any run (control included), then python -m lm_eval_spot.drafter.train "
+                     "drafter_data=FOLDER to any run (control included), then python -m lm_eval_spot.training.train "
                      "train --data FOLDER --out D", self.args.mode, self.args.pretrained)
         recording = (DrafterDataWriter(Path(self.args.drafter_data), self.args.pretrained,
                                        self.adapter.info.block_len, self.adapter.info.mask_id, self.rank)

@@ -1,7 +1,7 @@
 """Batching, measured as the user waits for it: whole-run wall time and generated tokens per second of every
 method at several batch sizes, in one process, with the ratio to control at the SAME batch size.
 
-    python -m lm_eval_spot.research.batch_bench --n 500 --sizes 1 8 32 --threads 2 --out docs/results/batch_cpu
+    python -m research.batch_bench --n 500 --sizes 1 8 32 --threads 2 --out docs/results/batch_cpu
 
 For each temperature and batch size N, every configuration (control, the calibrated graph and SPOT at each
 --budgets value, SPOT budget=auto) decodes all problems with batch_size N; the configurations' order is rotated
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from lm_eval_spot.research.report import report
+from research.report import report
 
-log = logging.getLogger("lm_eval_spot.research.batch_bench")
+log = logging.getLogger("research.batch_bench")
 
 
 def configurations(budgets: list[int], auto: bool, graph: bool, extra: Sequence[str] = ()
@@ -42,14 +42,14 @@ def configurations(budgets: list[int], auto: bool, graph: bool, extra: Sequence[
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.budget import MAX_BUDGET, build_policy
     from lm_eval_spot.baselines.rank_graph import RankGraph
-    from lm_eval_spot.config import SHIPPED_DRAFTERS, default_graph_path, drafter_for, parse_args, shipped_drafter_path
+    from lm_eval_spot.settings.args import SHIPPED_DRAFTERS, default_graph_path, drafter_for, parse_args, shipped_drafter_path
     from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
     from lm_eval_spot.decoding.loop import DecodeConfig
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.families import load_target
-    from lm_eval_spot.methods import MethodSpec, make_proposer
-    from lm_eval_spot.stopping import make_stop_check
-    from lm_eval_spot.task_source import TaskSource
+    from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
+    from lm_eval_spot.harness.until import make_stop_check
+    from lm_eval_spot.training.prompts import TaskSource
 
     torch.set_num_threads(args.threads)
     loaded = load_target(parse_args({"pretrained": args.target, "mode": "control", "device": args.device}))
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         one = outputs.get((r["mode"].removesuffix(" (batch_invariant)"), r["budget"], r["temperature"], 1))
         mine = outputs[(r["mode"], r["budget"], r["temperature"], r["batch_size"])]
         r["identical_to_bs1"] = None if one is None else sum(a == b for a, b in zip(one, mine, strict=True))
-    return {"command": "python -m lm_eval_spot.research.batch_bench " + " ".join(args.argv), "sizes": args.sizes,
+    return {"command": "python -m research.batch_bench " + " ".join(args.argv), "sizes": args.sizes,
             "lookahead": args.lookahead,
             "machine": {"platform": platform.platform(), "threads": args.threads, "torch": torch.__version__,
                         "device": args.device}, "rows": rows}
@@ -139,7 +139,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from lm_eval_spot.config import default_target_path
+    from lm_eval_spot.settings.args import default_target_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(default_target_path()))

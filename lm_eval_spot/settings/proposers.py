@@ -8,13 +8,13 @@ from pathlib import Path
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.baselines.rank_graph import GraphProposer, RankGraph
-from lm_eval_spot.config import SpotArgs, default_graph_path, drafter_for
+from lm_eval_spot.settings.args import SpotArgs, default_graph_path, drafter_for
 from lm_eval_spot.budget import MAX_BUDGET, build_policy
 from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.decoding.step_policy import StepPolicy
 from lm_eval_spot.drafter.model import DrafterMismatchError, DrafterModel, load_drafter
-from lm_eval_spot.drafter.proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
-from lm_eval_spot.modes import LEARNED_MODES, MODES
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
+from lm_eval_spot.settings.modes import LEARNED_MODES, MODES
 
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""The harness face: the `spot-dlm` model class, its registration with lm-eval, and what a generate_until or loglikelihood call runs through (jobs, generation, the request cache, data parallel, chat templates)."""

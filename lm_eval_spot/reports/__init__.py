@@ -1,0 +1,1 @@
+"""What a run reports: its statistics and the results' `spot` block."""
