@@ -65,7 +65,7 @@ def run_config(name: str, model_args: dict[str, Any], requests: list[Any], last:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
-    ap.add_argument("--own", help="the target's own drafter folder (drafter.train all)")
+    ap.add_argument("--own", help="the target's own drafter folder (python -m lm_eval_spot.training all)")
     ap.add_argument("--task", default="spot_arith")
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--last", type=int, default=200)

@@ -1,4 +1,4 @@
-"""An independent, naive reference decoder written from the definitions in method.md and the noise definition
+"""An independent, naive reference decoder written from docs/definitions.md and the noise definition
 in docs/decoding.md. It imports nothing from lm_eval_spot: its own mask, confidence, tie-break, Gumbel noise
 (pure-Python SplitMix64 and float64 math) and stop rule, and it recomputes the WHOLE sequence at every commit
 (no cache, no replicas). Tests compare the package's decoders against it token for token.

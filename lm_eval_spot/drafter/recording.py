@@ -1,13 +1,13 @@
 """Drafter training data recorded from the runs a user already does (`drafter_data=DIR`).
 
 Every commit a run's decoder verifies, with the target summary it was decided under, is what
-`drafter.train collect` gathers with a separate draft-free decode: a control run records each commit with its
+`lm_eval_spot.training collect` gathers with a separate draft-free decode: a control run records each commit with its
 state's logits; a drafting run records each verified commit of its accepted path with that node's logits (the
 same pairs control would have produced at those states). No extra target forward is made.
 
 A data folder holds one target at one block length: `collect.json` (written once, checked by every later run)
 and `rec_*.safetensors` shards, each written atomically under a name unique to its process, so runs and ranks
-append side by side. `python -m lm_eval_spot.training.train train --data DIR --out D2` reads them.
+append side by side. `python -m lm_eval_spot.training train --data DIR --out D2` reads them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Generation requests' decoding for the `spot-dlm` model: chunks of planned jobs through the batched decoder, the
 paired control run, and what rides on the method's own decodes (drafter-data recording, online adaptation), timed
-and counted into the run's statistics. `lm.py` keeps lm-eval's interface around it."""
+and counted into the run's statistics. `harness/model.py` keeps lm-eval's interface around it."""
 
 from __future__ import annotations
 

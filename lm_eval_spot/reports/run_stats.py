@@ -1,6 +1,6 @@
 """Per-sample counters and the run-level summary that lands in the results' config under `spot`.
 
-Formulas (method.md): NFE = target forwards (a batched verification forward is one; prefill and block stores
+Formulas (docs/definitions.md): NFE = target forwards (a batched verification forward is one; prefill and block stores
 count too); tokens per forward = committed tokens / NFE; throughput = generated tokens / wall seconds, prompt
 tokens never counted.
 

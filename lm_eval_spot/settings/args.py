@@ -156,7 +156,7 @@ class SpotArgs:
     # batch_invariant (the extra row would change the forward's shape).
     lookahead: bool = True
     # Folder that collects drafter training data from this run's own decoding (any mode, no extra forward):
-    # python -m lm_eval_spot.training.train train --data FOLDER --out D fits a drafter for this target from it.
+    # python -m lm_eval_spot.training train --data FOLDER --out D fits a drafter for this target from it.
     drafter_data: str | None = None
     # Online adaptation of the learned drafter from the run's own verified commits (`drafter/online.py`):
     # "auto" is online when the run drafts with a drafter not trained on this target (the shipped transfer
@@ -190,7 +190,7 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
             f"spot-dlm: unknown model argument(s) {', '.join(unknown)}; accepted: {', '.join(accepted_args())}"
         )
     if raw.get("card") is not None and raw.get("family") is None:
-        # A card's defaults are merged by `cards.parse_model_args` (config knows nothing of cards): every card
+        # A card's defaults are merged by `cards.parse_model_args` (the arguments know nothing of cards): every card
         # names its family, so a card without one here was never merged.
         raise ValueError("card= is read by lm_eval_spot.settings.cards.parse_model_args, not config.parse_args")
     args: dict[str, Any] = {}

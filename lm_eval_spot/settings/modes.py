@@ -1,5 +1,5 @@
-"""The decoding modes: ONE table, read by the model arguments (`config`), the proposer factory (`methods`), the
-model class, the benchmark and the docs. Pure data: importing it loads nothing heavy."""
+"""The decoding modes: ONE table, read by the model arguments (`settings.args`), the proposer factory
+(`settings.proposers`), the model class, the benchmark and the docs. Pure data: importing it loads nothing heavy."""
 
 from __future__ import annotations
 

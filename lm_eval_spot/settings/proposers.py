@@ -71,7 +71,7 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter, batch_size: int | Non
     """The run's proposer from the model args (None for control and for the oracle, which is per request), and
     under budget=auto the step policy, measured at start-up on the adapter's device for `batch_size` requests.
 
-    A drafter the user named must load; the default one (`config.drafter_for`) that is missing or does not fit
+    A drafter the user named must load; the default one (`settings.args.drafter_for`) that is missing or does not fit
     the target gives way to conf-tree, the training-free stale-confidence tree, with one warning: the run still
     drafts and stays exact."""
     if args.mode in ("control", "oracle"):

@@ -2,7 +2,7 @@
 evaluation on held-out rounds (acceptance depth, top-1 order accuracy).
 
 The command around it (collecting trajectories from a target, then `train`, `evaluate`) is
-`lm_eval_spot.training.train`; online adaptation (`drafter.online`) fine-tunes with this module's loss.
+`lm_eval_spot.training.train`; online adaptation (`drafter.online`) fine-tunes with the same loss (`drafter.loss`).
 """
 
 from __future__ import annotations

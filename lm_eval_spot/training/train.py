@@ -1,6 +1,6 @@
 """Train a SPOT drafter for a target: collect control trajectories, train the order model, evaluate it.
 
-    python -m lm_eval_spot.training.train all --out runs/drafter [--target PATH] [--n-prompts 1200]
+    python -m lm_eval_spot.training all --out runs/drafter [--target PATH] [--n-prompts 1200]
 
 Sub-steps `collect`, `train`, `evaluate` can be run alone; each resumes from what it already wrote (trajectory
 shards and training checkpoints are written atomically). The result is `OUT/drafter/` (safetensors + JSON).
@@ -105,7 +105,7 @@ def collect(out: Path, target: str | None, prompts: list[str], block_len: int | 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.training.train", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_spot.training", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("step", choices=["collect", "train", "evaluate", "all"])
     ap.add_argument("--out", required=True, type=Path)
