@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
     from lm_eval_spot.settings.cards import parse_model_args
     from lm_eval_spot.settings.args import drafter_for, default_graph_path
-    from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
+    from lm_eval_spot.decoding.batch import DecodeJob, decode_many
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.baselines.rank_graph import RankGraph
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for m, D in order:
                 prop = OracleProposer(commits, int(D)) if m == "oracle" else proposers[(m, D)]
                 # A fork per request, as lm-eval runs it (a stateful proposer keeps per-request estimates).
-                results[(m, D)] = _timed(lambda p=prop, k=(m, D): run(proposer=for_request(p),
+                results[(m, D)] = _timed(lambda p=prop, k=(m, D): run(proposer=p,
                                                                      policy=policies.get(k)), args.repeats)
                 bar.update()
             c2, c2_wall = _timed(run, args.repeats)

@@ -279,7 +279,6 @@ def embedded_bench(device: str, n: int, temps: list[float], max_gen_toks: int, d
     from research.bench import Row, _timed
     from lm_eval_spot.settings.args import default_graph_path, default_target_path, drafter_for
     from lm_eval_spot.settings.cards import parse_model_args
-    from lm_eval_spot.decoding.batch import for_request
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.families import load_target
     from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
@@ -309,7 +308,7 @@ def embedded_bench(device: str, n: int, temps: list[float], max_gen_toks: int, d
 
             c1, c1_wall = _timed(run, 1)
             order = keys[i % len(keys):] + keys[: i % len(keys)]
-            results = {k: _timed(lambda p=proposers[k]: run(for_request(p)), 1) for k in order}
+            results = {k: _timed(lambda p=proposers[k]: run(p), 1) for k in order}
             _, c2_wall = _timed(run, 1)
             control_wall = (c1_wall + c2_wall) / 2
             for (m, D), (r, wall) in [(("control", "-"), (c1, control_wall)), *results.items()]:

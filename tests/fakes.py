@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lm_eval_spot.adapters.base import NFECounter, TargetInfo
+from lm_eval_spot.adapters.base import ForwardTally, NFECounter, TargetInfo
 
 
 class ScriptedSession:
@@ -12,6 +12,8 @@ class ScriptedSession:
         self._a = adapter
         self._start = start
         self.nfe = NFECounter(prefill=1 if start else 0)
+        self.device_states: torch.Tensor | None = None  # never kept: the loop uploads its own masks
+        self.pending_blocks = 0  # blocks are stored apart
 
     @property
     def block_start(self) -> int:
@@ -19,6 +21,7 @@ class ScriptedSession:
 
     def block_logits(self, states: torch.Tensor) -> torch.Tensor:
         self.nfe.rounds += 1
+        self._a.tally.forwards += 1
         R, L = states.shape
         return self._a.logits_at(self._start, L).unsqueeze(0).expand(R, L, -1).clone()
 
@@ -39,6 +42,7 @@ class ScriptedAdapter:
         self._gen = torch.Generator().manual_seed(seed)
         self._margin = torch.rand(4096, generator=self._gen) * 4 + 1
         self.device = torch.device("cpu")
+        self.tally = ForwardTally()
 
     def logits_at(self, start: int, L: int) -> torch.Tensor:
         V = self.info.vocab_size

@@ -7,7 +7,7 @@ import torch
 
 from lm_eval_spot.adapters.base import RowsCall, TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
-from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
+from lm_eval_spot.decoding.batch import DecodeJob, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
@@ -30,7 +30,7 @@ def jobs_for(L: int, T: float, proposer, n: int = 7, lookahead: bool = False) ->
         plen = int(torch.randint(0, 3 * L + 1, (1,), generator=gen))
         prompt = torch.randint(5, V, (plen,), generator=gen).tolist()
         jobs.append(DecodeJob(prompt, DecodeConfig(max_gen_toks=L + 3 + 5 * i, temperature=T, lookahead=lookahead),
-                              seed=100 + i, proposer=for_request(proposer)))
+                              seed=100 + i, proposer=proposer))
     return jobs
 
 

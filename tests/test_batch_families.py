@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lm_eval_spot.settings.args import parse_args
-from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
+from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
@@ -112,7 +112,7 @@ def jobs_for(adapter, T: float, proposer) -> list[DecodeJob]:
     for i, (plen, glen) in enumerate(lengths):
         prompt = torch.randint(5, 290, (plen,), generator=gen).tolist()
         cfg = DecodeConfig(max_gen_toks=glen, temperature=T, lookahead=True)
-        jobs.append(DecodeJob(prompt, cfg, seed=20 + i, proposer=for_request(proposer)))
+        jobs.append(DecodeJob(prompt, cfg, seed=20 + i, proposer=proposer))
     return jobs
 
 

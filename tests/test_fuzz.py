@@ -33,7 +33,7 @@ from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.step_policy import StartupCosts, StepPolicy
 from lm_eval_spot.baselines.graph import RankGraph
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
-from lm_eval_spot.decoding.batch import DecodeJob, decode_many, for_request
+from lm_eval_spot.decoding.batch import DecodeJob, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
@@ -175,9 +175,9 @@ def make_fuzz_proposer(kind: str, c: dict, control_log: CommitLog, L: int):
         return OracleProposer(control_log, D, stale_only=stale_only)
     drafter = random_drafter(*c["drafter"])
     if mode == "spot-auto":  # the step policy picks each round's size up to D (see check_case)
-        return for_request(make_proposer(MethodSpec("spot", D), drafter))
+        return make_proposer(MethodSpec("spot", D), drafter)
     graph = random_graph(c["drafter"][1], L) if mode == "graph" else None
-    return for_request(make_proposer(MethodSpec(mode, D, c["gamma"]), drafter, graph))
+    return make_proposer(MethodSpec(mode, D, c["gamma"]), drafter, graph)
 
 
 def check_case(kind: str, c: dict) -> None:

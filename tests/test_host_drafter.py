@@ -96,7 +96,7 @@ def test_learned_order_uses_the_numpy_pass_on_the_cpu_only_for_factored_models()
     assert LearnedOrder(random_factored(0)).host is not None
     assert LearnedOrder(OrderModel(OrderModelConfig())).host is None
     ctx = context(0, 16, 1.0, 0.0, 3)
-    assert isinstance(LearnedOrder(random_factored(0)).begin(ctx), HostTables)
+    assert isinstance(LearnedOrder(random_factored(0)).prepare(ctx), HostTables)
 
 
 def level_wise(order: LearnedOrder | StaleConfidenceOrder, ctx: RoundContext, cfg: TreeConfig) -> tuple[DraftTree, list[float], list[int]]:
@@ -117,7 +117,7 @@ def level_wise(order: LearnedOrder | StaleConfidenceOrder, ctx: RoundContext, cf
             w = stale.topk[:, 0][None] * (ctx.eligible & ~ctx.committed_before)[None] * (maps == 0)
             return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
     else:
-        prep = order.begin(ctx)
+        prep = order.prepare(ctx)
 
         def q_of(maps):
             return order.probs(prep, ctx, maps)
@@ -165,7 +165,7 @@ def level_wise(order: LearnedOrder | StaleConfidenceOrder, ctx: RoundContext, cf
 class DepthMapOrder(LearnedOrder):
     """The learned order through depth maps (the search's path for order models off the CPU)."""
 
-    def begin(self, ctx):
+    def prepare(self, ctx):
         return replace(self.model.prepare(ctx.stale, ctx.committed_before, ctx.eligible), host=None)
 
 

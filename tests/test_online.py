@@ -142,11 +142,11 @@ def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
     lm = SpotDLM(budget=8, pretrained=str(tiny_target_dir), adapt="online", seed=1, batch_size=8)
     seen: list[tuple[int, int]] = []  # (chunk, version) per round that drafted
     chunk = [-1]
-    begin, timed = LearnedOrder.begin, GenerationRunner._timed_decode
+    prepare, timed = LearnedOrder.prepare, GenerationRunner._timed_decode
 
-    def spy_begin(self, ctx):
+    def spy_prepare(self, ctx):
         seen.append((chunk[0], lm.online.version))
-        return begin(self, ctx)
+        return prepare(self, ctx)
 
     def spy_timed(self, *a, **k):
         chunk[0] += 1
@@ -154,9 +154,9 @@ def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
 
     def spy_prepare_many(self, ctxs):
         seen.extend((chunk[0], lm.online.version) for _ in ctxs)
-        return [begin(self, c) for c in ctxs]
+        return [prepare(self, c) for c in ctxs]
 
-    monkeypatch.setattr(LearnedOrder, "begin", spy_begin)
+    monkeypatch.setattr(LearnedOrder, "prepare", spy_prepare)
     monkeypatch.setattr(LearnedOrder, "prepare_many", spy_prepare_many)
     monkeypatch.setattr(GenerationRunner, "_timed_decode", spy_timed)
     lm.generate_until(_short(24))

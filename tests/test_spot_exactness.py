@@ -162,7 +162,7 @@ def test_tree_is_the_exact_top_budget_by_prefix_mass(arch, budget):
     hyps = {p: [(int(top.indices[p, 0]), float(top.values[p, 0]))]
             + ([(int(top.indices[p, 1]), float(top.values[p, 1]))] if top.values[p, 0] < 0.6 else [])
             for p in range(L)}
-    prep = prop.order.begin(ctx)
+    prep = prop.order.prepare(ctx)
     found: list[tuple[float, tuple]] = []
 
     def walk(path: tuple, depth_map: torch.Tensor, mass: float) -> None:

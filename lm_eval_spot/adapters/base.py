@@ -76,10 +76,19 @@ class TargetSession(Protocol):
     """One request's view of the target: a prefix cache plus the active block's start position."""
 
     nfe: NFECounter
+    # The last forward's state rows [R, L] as the adapter uploaded them (on its device), or None: the loop derives
+    # its eligibility masks from them instead of uploading its own.
+    device_states: torch.Tensor | None
 
     @property
     def block_start(self) -> int:
         """Absolute position of the active block's first slot."""
+        ...
+
+    @property
+    def pending_blocks(self) -> int:
+        """Finished blocks that ride along with the next forward, one row each (0 where blocks are stored apart or
+        a canvas is recomputed whole)."""
         ...
 
     def block_logits(self, states: torch.Tensor) -> torch.Tensor:

@@ -72,6 +72,10 @@ class BidirectionalSession:
     def block_start(self) -> int:
         return len(self._prefix)
 
+    @property
+    def pending_blocks(self) -> int:
+        return 0  # the canvas is recomputed whole: a finished block adds no row
+
     def canvas(self, states: torch.Tensor) -> torch.Tensor:
         """Host canvases [R, canvas_len]: the prefix, each state, the trailing masks."""
         R, L = states.shape

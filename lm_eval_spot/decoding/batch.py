@@ -1,10 +1,11 @@
 """Several requests through the target together: a step loop over a set of live requests.
 
-Each live request is a `RequestDecode` with its own state, noise, proposer (stateful proposers are forked per
-request: `for_request`) and stop condition. Every step asks each for its next round's replica states, runs them
-through the target in as few forwards as the adapter can (`SharesForwards.forward_many`: one shared forward for
-every live request, their pending blocks and lookahead rows included), and applies each request's round. Finished requests leave and queued ones join,
-so the batch stays full. A request's output never depends on its batch-mates: its rows' arithmetic is its own.
+Each live request is a `RequestDecode` with its own state, noise, proposer (a shared proposer keeps no
+per-request state: a request's verdicts ride in its own round context) and stop condition. Every step asks each
+for its next round's replica states, runs them through the target in as few forwards as the adapter can
+(`SharesForwards.forward_many`: one shared forward for every live request, their pending blocks and lookahead
+rows included), and applies each request's round. Finished requests leave and queued ones join, so the batch
+stays full. A request's output never depends on its batch-mates: its rows' arithmetic is its own.
 """
 
 from __future__ import annotations
@@ -43,12 +44,6 @@ class DecodeJob:
     proposer: Proposer | None = None
     observer: RoundObserver | None = None
     verify: str = "coupled"
-
-
-def for_request(proposer: Proposer | None) -> Proposer | None:
-    """The proposer one request uses: a per-request fork of a stateful proposer, else the proposer itself."""
-    fork = getattr(proposer, "for_request", None)
-    return fork() if fork is not None else proposer
 
 
 def decode_many(
@@ -99,8 +94,7 @@ def decode_many(
             step.append((i, req, req.plan_round(p)))
             drafting_s[i] += time.perf_counter() - t0 + (each if p is not None else 0.0)
         t0 = time.perf_counter()
-        counter = getattr(adapter, "tally", None)
-        before = counter.forwards if counter is not None else 0
+        before = adapter.tally.forwards
         if isinstance(adapter, SharesForwards):
             outs = adapter.forward_many([RowsCall(req.session, st, req.ahead_row) for _, req, st in step])
         else:
@@ -110,7 +104,7 @@ def decode_many(
         forward = time.perf_counter() - t0
         if tally is not None and step:
             tally.steps += 1
-            tally.forwards += (counter.forwards - before) if counter is not None else len(step)
+            tally.forwards += adapter.tally.forwards - before
         total_rows = sum(req.forward_rows for _, req, _ in step)
         for (i, req, _), (lg, ahead) in zip(step, outs, strict=True):
             try:

@@ -62,7 +62,7 @@ class BlockCursor:
     def device_open(self, states: torch.Tensor, host_open: torch.Tensor) -> torch.Tensor:
         """The open slots of `states` on the device, from the state rows the adapter uploaded (no copy of its
         own) when it keeps them, else `host_open` uploaded."""
-        dstates = getattr(self.session, "device_states", None)
+        dstates = self.session.device_states
         if dstates is not None and dstates.shape[0] >= states.shape[0]:
             return (dstates[: states.shape[0]] == self.info.mask_id) & self.window_dev
         return upload(host_open, device=self.dev)[0]

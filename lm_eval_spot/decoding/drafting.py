@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from lm_eval_spot.decoding.block import BlockCursor
-from lm_eval_spot.decoding.proposer import Proposer, RoundContext
+from lm_eval_spot.decoding.proposer import Budgeted, Proposer, RoundContext
 from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.stale import Stale, summarize
 from lm_eval_spot.transfer import HostLink
@@ -97,7 +97,8 @@ class DraftingPhase:
             if ctx.budget != 0:  # 0: the lead edge is the whole tree
                 tree = self.proposer.propose(ctx)
             if self._lead is not None:
-                budget = self._budget if self._budget is not None else getattr(self.proposer, "budget", None)
+                budget = self._budget if self._budget is not None else (
+                    self.proposer.budget if isinstance(self.proposer, Budgeted) else None)
                 tree = under_lead(tree, self._lead, budget)
         self.ctx = None
         self.led = self._lead is not None

@@ -32,7 +32,7 @@ from lm_eval_spot.decoding.stops import StopWatch
 from lm_eval_spot.transfer import HostLink
 from lm_eval_spot.decoding.tree import DraftTree, compile_states
 from lm_eval_spot.decoding.types import (DecodeConfig, DecodeResult, LookaheadCount, NonFiniteLogitsError,
-                                         RoundObserver, RoundTiming, StopCheck)
+                                         ObservesVerdicts, RoundObserver, RoundTiming, StopCheck)
 from lm_eval_spot.decoding.verifier import RoundAt, Verdict, Verifier
 
 # The loop's vocabulary is imported from here by most callers.
@@ -105,7 +105,7 @@ class RequestDecode:
         self.clock = RoundClock(adapter.device)
         # Commits for the observer, summarised in batches (observe.PendingCommits).
         self.observed = PendingCommits(observer, self.link) if observer is not None else None
-        self.on_verify = getattr(observer, "on_verify", None)
+        self.on_verify = observer.on_verify if isinstance(observer, ObservesVerdicts) else None
         self.committed = self.rounds = self._rows = self.pending_rows = 0
         self.drafted: list[int] = []
         self.accepted: list[int] = []
@@ -148,7 +148,7 @@ class RequestDecode:
             self._block_begun()
         self.clock.start()
         # Finished blocks that ride along with this forward (block-causal: one row each), read before it runs.
-        self.pending_rows = int(getattr(self.session, "pending_blocks", 0))
+        self.pending_rows = self.session.pending_blocks
         return True
 
     @property

@@ -16,7 +16,7 @@ import torch
 
 from lm_eval_spot.decoding.stale import Stale, summarize
 from lm_eval_spot.transfer import HostLink
-from lm_eval_spot.decoding.types import RoundObserver
+from lm_eval_spot.decoding.types import ObservesCommitBatches, RoundObserver
 
 # Rows held before a summary: about 28 commits at L = 32, V = 293. Fewer rows pay the per-call overhead again; a
 # whole request's rows at once (3 MB here) come from fresh pages every request, and their page faults made the
@@ -95,9 +95,8 @@ class PendingCommits:
         batch = CommitBatch(block, self.states[:N].clone(), self.eligible[:N].clone(), s.topk.view(N, L, -1),
                             s.top_ids.view(N, L, -1), s.log1m.view(N, L), pos, tok)
         self.meta = []
-        on_commits = getattr(self.observer, "on_commits", None)
-        if on_commits is not None:
-            on_commits(batch)
+        if isinstance(self.observer, ObservesCommitBatches):
+            self.observer.on_commits(batch)
         else:
             for i in range(N):
                 self.observer.on_commit(block[i], batch.state[i], batch.eligible[i], batch.stale(i), pos[i], tok[i])

@@ -41,8 +41,14 @@ class RoundContext:
 class Proposer(Protocol):
     def propose(self, ctx: RoundContext) -> DraftTree: ...
 
-    # Optional: `budget` (int), the most states a round of this proposer drafts. The loop keeps a tree it extends
-    # (cross-block lookahead's leading edge) within it; without it, within the tree's own size.
+
+@runtime_checkable
+class Budgeted(Protocol):
+    """A proposer with a fixed most-states-per-round (`budget`): the loop keeps a tree it extends (cross-block
+    lookahead's leading edge) within it; a proposer without one, within the tree's own size."""
+
+    @property
+    def budget(self) -> int: ...
 
 
 @runtime_checkable
@@ -67,8 +73,8 @@ def prepare_batch(pairs: Sequence[tuple[Any, RoundContext | None]]) -> list[Any]
     for prop, idx in groups.values():
         if len(idx) > 1:
             ctxs = [pairs[i][1] for i in idx]
-            for i, prep in zip(idx, prop.prepare_many(ctxs), strict=True):  # type: ignore[arg-type]
-                out[i] = prep
+            for i, prepared in zip(idx, prop.prepare_many(ctxs), strict=True):  # type: ignore[arg-type]
+                out[i] = prepared
     return out
 
 

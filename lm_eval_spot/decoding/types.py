@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from lm_eval_spot.adapters.base import NFECounter
 from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.stale import Stale
+from lm_eval_spot.decoding.tree import DraftTree
 
 # ids generated so far -> how many of them to keep if they contain a stop string, else None.
 StopCheck = Callable[[list[int]], "int | None"]
@@ -76,10 +77,25 @@ class RoundObserver(Protocol):
         """state/eligible [L] before the commit; `stale` summarises the target logits computed at that state."""
         ...
 
-    # Optional: on_commits(batch: observe.CommitBatch) replaces on_commit when defined (the commits of several
-    # rounds at once, in order, with no per-commit work); on_verify(block, tree, path, target_pos, target_tok) is
-    # called once per round when defined
-    # (the drafted tree, the accepted nodes and the target's own transition at every node).
+
+
+@runtime_checkable
+class ObservesCommitBatches(Protocol):
+    """An observer that takes the commits of several rounds at once (in order, no per-commit work): its
+    `on_commits` replaces `on_commit`."""
+
+    def on_commits(self, batch: Any) -> None:
+        """batch: an `observe.CommitBatch`."""
+        ...
+
+
+@runtime_checkable
+class ObservesVerdicts(Protocol):
+    """An observer that also sees each round's verdict: the drafted tree, the accepted nodes and the target's own
+    transition at every node (position and token)."""
+
+    def on_verify(self, block: int, tree: DraftTree, path: list[int], target_pos: torch.Tensor,
+                  target_tok: torch.Tensor) -> None: ...
 
 
 @dataclass

@@ -201,13 +201,13 @@ def adapt_across_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any] | None:
 def online_adapter_for(args: SpotArgs, proposer: Any, drafter_path: Path | None, seed: int) -> OnlineAdapter | None:
     """The run's adapter: on when asked (adapt=online, drafter_out=) or, under adapt=auto, when the run drafts with a
     drafter not trained on this target (the shipped transfer drafter); None otherwise."""
-    from lm_eval_spot.drafter.spot_proposer import LearnedOrder
+    from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeProposer
 
     transfer = drafter_path is not None and drafter_path.resolve() == shipped_drafter_path("transfer").resolve()
     asked = args.adapt == "online" or (args.adapt == "auto" and args.drafter_out is not None)
     if not (asked or (args.adapt == "auto" and transfer)):
         return None
-    order = getattr(proposer, "order", None)
+    order = proposer.order if isinstance(proposer, TreeProposer) else None
     if not isinstance(order, LearnedOrder) or not isinstance(order.model, FactoredOrderModel):
         why = ("the run drafts without a learned drafter" if drafter_path is None
                else f"drafter {drafter_path.name} is not a factored order model")

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from lm_eval_spot.decoding.proposer import RoundContext, token_hypotheses
 from lm_eval_spot.decoding.tree import DraftTree
-from lm_eval_spot.decoding.stale import Stale
 from lm_eval_spot.drafter.best_first import More, Paths, grow_best_first
 from lm_eval_spot.drafter.factored import FactoredOrderModel, HostTables
 from lm_eval_spot.drafter.host import HostEncoder
@@ -40,12 +39,16 @@ class TreeConfig:
 class OrderSource(Protocol):
     """Next-commit distributions over still-masked slots of hypothetical states, from stale conditionals only."""
 
-    def begin(self, ctx: RoundContext) -> Any:
-        """Per-round work shared by every node of the round."""
+    def prepare(self, ctx: RoundContext) -> Any:
+        """The round's once-per-round work, shared by every node of the round (`RoundContext.prepared`)."""
         ...
 
-    def paths(self, prep: Any, ctx: RoundContext) -> Paths:
-        """The round's tree as the search walks it (`best_first.Paths`), from `begin`'s work."""
+    def prepare_many(self, ctxs: Sequence[RoundContext]) -> list[Any]:
+        """`prepare` for several requests' rounds at once (one stacked pass where the source has one)."""
+        ...
+
+    def paths(self, prepared: Any, ctx: RoundContext) -> Paths:
+        """The round's tree as the search walks it (`best_first.Paths`), from `prepare`'s work."""
         ...
 
 
@@ -66,52 +69,46 @@ class LearnedOrder:
         on_cpu = isinstance(self.model, FactoredOrderModel) and self.model.device.type == "cpu"
         self.host = HostEncoder.of(self.model) if on_cpu else None
 
-    def begin(self, ctx: RoundContext) -> Any:
-        assert ctx.stale is not None
-        return self.prepare(ctx.stale, ctx.committed_before, ctx.eligible)
-
-    def paths(self, prep: Any, ctx: RoundContext) -> Paths:
-        return prep if isinstance(prep, HostTables) else DepthMapPaths(self, prep, ctx)
-
-    def probs(self, prep: Any, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
-        """depth_maps [N, L] (0 = not on the path, d = committed at path depth d) -> [N, L] probabilities."""
-        return self.node_probs(prep, depth_maps)
-
-    def prepare(self, stale: Stale, committed: torch.Tensor, eligible: torch.Tensor) -> Any:
+    def prepare(self, ctx: RoundContext) -> Any:
         """The round's once-per-round work (what `budget=auto` times as the drafter's fixed cost)."""
+        assert ctx.stale is not None
         if self.host is not None:
-            return self.host.prepare(stale, committed, eligible)
+            return self.host.prepare(ctx.stale, ctx.committed_before, ctx.eligible)
         # The model may sit on an accelerator (next to the target); the tree logic stays on the CPU.
-        return self.model.prepare(stale, committed, eligible)
+        return self.model.prepare(ctx.stale, ctx.committed_before, ctx.eligible)
 
     def prepare_many(self, ctxs: Sequence[RoundContext]) -> list[Any]:
-        """`begin` for several requests' rounds: one stacked numpy pass on the CPU path."""
+        """`prepare` for several requests' rounds: one stacked numpy pass on the CPU path."""
         if self.host is not None and len({int(c.state.shape[0]) for c in ctxs}) == 1:
             return list(self.host.prepare_many([(c.stale, c.committed_before, c.eligible) for c in ctxs]))
-        return [self.begin(c) for c in ctxs]
+        return [self.prepare(c) for c in ctxs]
 
-    def node_probs(self, prep: Any, depth_maps: torch.Tensor) -> torch.Tensor:
-        if isinstance(prep, HostTables):
-            return torch.from_numpy(prep.node_probs(depth_maps.numpy()))
-        return self.model.node_probs(prep, depth_maps)
+    def paths(self, prepared: Any, ctx: RoundContext) -> Paths:
+        return prepared if isinstance(prepared, HostTables) else DepthMapPaths(self, prepared, ctx)
 
+    def probs(self, prepared: Any, ctx: RoundContext, depth_maps: torch.Tensor) -> torch.Tensor:
+        """depth_maps [N, L] (0 = not on the path, d = committed at path depth d) -> [N, L] probabilities."""
+        return self.node_probs(prepared, depth_maps)
 
-@runtime_checkable
-class PreparesMany(Protocol):
-    """An order source whose per-round work runs for several requests' rounds at once."""
+    def node_probs(self, prepared: Any, depth_maps: torch.Tensor) -> torch.Tensor:
+        if isinstance(prepared, HostTables):
+            return torch.from_numpy(prepared.node_probs(depth_maps.numpy()))
+        return self.model.node_probs(prepared, depth_maps)
 
-    def prepare_many(self, ctxs: Sequence[RoundContext]) -> list[Any]: ...
 
 
 class StaleConfidenceOrder:
     """Training-free: slots ranked by stale clean confidence max_v p(v), renormalised over what is left."""
 
-    def begin(self, ctx: RoundContext) -> ConfidencePaths:
+    def prepare(self, ctx: RoundContext) -> ConfidencePaths:
         assert ctx.stale is not None
         return ConfidencePaths(ctx.stale.confidence, ctx.eligible & ~ctx.committed_before)
 
-    def paths(self, prep: ConfidencePaths, ctx: RoundContext) -> Paths:
-        return prep
+    def prepare_many(self, ctxs: Sequence[RoundContext]) -> list[ConfidencePaths]:
+        return [self.prepare(c) for c in ctxs]
+
+    def paths(self, prepared: ConfidencePaths, ctx: RoundContext) -> Paths:
+        return prepared
 
 
 class ConfidencePaths:
@@ -149,8 +146,8 @@ class DepthMapPaths:
     """`Paths` over a learned order model that scores depth maps (off the CPU, or the per-node architecture): a
     node is its depth map, each expansion one `LearnedOrder.probs` call on it."""
 
-    def __init__(self, order: LearnedOrder, prep: Any, ctx: RoundContext) -> None:
-        self.order, self.prep, self.ctx = order, prep, ctx
+    def __init__(self, order: LearnedOrder, prepared: Any, ctx: RoundContext) -> None:
+        self.order, self.prepared, self.ctx = order, prepared, ctx
         self.slots = np.arange(int(ctx.state.shape[0]))
 
     def root(self) -> np.ndarray:
@@ -162,7 +159,7 @@ class DepthMapPaths:
         return out
 
     def slot_probs(self, node: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.slots, self.order.probs(self.prep, self.ctx, torch.from_numpy(node[None]))[0].numpy()
+        return self.slots, self.order.probs(self.prepared, self.ctx, torch.from_numpy(node[None]))[0].numpy()
 
 
 class TreeProposer:
@@ -178,9 +175,7 @@ class TreeProposer:
 
     def prepare_many(self, ctxs: Sequence[RoundContext]) -> list[Any]:
         """The order source's per-round work for several requests' rounds (`RoundContext.prepared`)."""
-        if isinstance(self.order, PreparesMany):
-            return self.order.prepare_many(ctxs)
-        return [self.order.begin(c) for c in ctxs]
+        return self.order.prepare_many(ctxs)
 
     def propose(self, ctx: RoundContext) -> DraftTree:
         return self.grow(ctx).tree
@@ -188,8 +183,8 @@ class TreeProposer:
     def grow(self, ctx: RoundContext) -> GrownTree:
         if ctx.stale is None:
             return GrownTree(DraftTree.empty())  # a block's first round: no stale conditionals to draft from
-        prep = ctx.prepared if ctx.prepared is not None else self.order.begin(ctx)
-        paths = self.order.paths(prep, ctx)
+        prepared = ctx.prepared if ctx.prepared is not None else self.order.prepare(ctx)
+        paths = self.order.paths(prepared, ctx)
         hyp_tok, hyp_p = token_hypotheses(ctx, self.cfg.hedge_below)
         budget = self.cfg.budget if ctx.budget is None else min(self.cfg.budget, ctx.budget)
         chosen, cand = grow_best_first(paths, hyp_tok.numpy(), hyp_p.double().numpy(), int(ctx.eligible.sum()),

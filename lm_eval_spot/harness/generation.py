@@ -14,7 +14,7 @@ from typing import Any
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot.settings.args import SpotArgs
-from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many, for_request
+from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
 from lm_eval_spot.decoding.loop import DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.proposer import Proposer
 from lm_eval_spot.decoding.step_policy import StepPolicy
@@ -128,7 +128,7 @@ class GenerationRunner:
         decode_ids = self.setup.decode_ids
         jobs = [
             DecodeJob(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(decode_ids, job.until),
-                      for_request(prop), observers[i] if observers else None,
+                      prop, observers[i] if observers else None,
                       self.setup.args.verify if prop is not None else "coupled")
             for i, (job, prop) in enumerate(zip(chunk, proposers, strict=True))
         ]
