@@ -47,7 +47,7 @@ def run_config(name: str, model_args: dict[str, Any], requests: list[Any], last:
     lm = SpotDLM(**model_args)
     lm.generate_until(requests, disable_tqdm=True)
     spot = lm.get_model_info()["spot"]
-    nfe = [s.nfe for s in lm.stats.samples]
+    nfe = [s.nfe for s in lm.generation.stats.samples]
     row = {"config": name, "model_args": {k: str(v) for k, v in model_args.items()},
            "nfe_per_sample": statistics.mean(nfe), f"nfe_last_{last}": statistics.mean(nfe[-last:]),
            "nfe_by_tenth": [round(x, 2) for x in nfe_by_tenth(nfe)], "decode_wall_s": spot["decode_wall_s"],

@@ -249,7 +249,7 @@ def test_adaptation_under_auto_runs_only_after_chunks_that_drafted(tiny_target_d
     from lm_eval_spot.harness.model import SpotDLM
 
     lm = SpotDLM(pretrained=str(tiny_target_dir), adapt=adapt, seed=3, batch_size=2)
-    assert lm.policy is not None and lm.online is not None
+    assert lm.policy is not None and lm.generation.online is not None
     steep = StepPolicy(startup(lambda r: 1000.0 * r), DEPTH, 64)
     lm.policy = steep
     lm.generation.setup = replace(lm.generation.setup, policy=steep)

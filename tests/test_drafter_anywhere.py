@@ -68,7 +68,7 @@ def test_a_control_run_records_what_collect_records(tiny_target_dir, tmp_path):
     assert torch.equal(rec["conf"][rows, rec["pos"]], best)
     meta = json.loads((tmp_path / "rec" / "collect.json").read_text())
     assert meta["block_len"] == 8
-    summary = lm.recording.summary()
+    summary = lm.generation.recording.summary()
     assert summary["commits"] == len(rec["pos"]) and summary["requests"] == len(PROMPTS)
     assert 0 < summary["seconds"] < lm.generation.decode_s  # recording's own time, a part of the decoding it rode on
 

@@ -95,7 +95,7 @@ def test_no_card_stops_at_the_chat_templates_end_of_turn(real, name, eot, eos):
         out = lm.generate_until([req("Hi", max_gen_toks=16, until=[])])
     finally:
         handle.remove()
-    assert out == [""] and lm.stats.samples[-1].stop_reason == "eos" and lm.stats.samples[-1].gen_tokens == 0
+    assert out == [""] and lm.generation.stats.samples[-1].stop_reason == "eos" and lm.generation.stats.samples[-1].gen_tokens == 0
 
 
 @needs_real
@@ -117,7 +117,7 @@ def test_an_id_beyond_the_tokenizer_decodes_and_is_counted(real):
             handle.remove()
         assert out == [""]
         summary = lm.get_model_info()["spot"]
-        assert summary["unknown_token_ids"] == 8 and lm.sample_log[-1]["unknown_ids"] == 8
+        assert summary["unknown_token_ids"] == 8 and lm.generation.sample_log[-1]["unknown_ids"] == 8
     from lm_eval_spot.tokens import TextDecoder
 
     dec = TextDecoder.for_target(slow, 152064)  # the slow tokenizer too

@@ -33,10 +33,10 @@ def lm(tiny_target_dir) -> SpotDLM:
 def test_a_prompt_longer_than_the_context_is_refused_before_any_request_is_decoded(lm):
     context = lm.adapter.info.max_positions
     assert context == 1024
-    before = len(lm.sample_log)
+    before = len(lm.generation.sample_log)
     with pytest.raises(RequestError, match=r"request 1 .* needs 1040 positions .* context of 1024; nothing was decoded"):
         lm.generate_until([_req("Q: 1+1"), _req("x" * 1020)])  # the first is fine, and is not decoded either
-    assert len(lm.sample_log) == before
+    assert len(lm.generation.sample_log) == before
 
 
 def test_a_prompt_that_just_fits_is_decoded(lm):
@@ -46,11 +46,11 @@ def test_a_prompt_that_just_fits_is_decoded(lm):
 
 @pytest.mark.parametrize("context", ["", " ", "   \n\t "])
 def test_empty_and_whitespace_prompts_decode_unconditionally_and_exactly(lm, context):
-    n = len(lm.paired.same)
+    n = len(lm.generation.paired.same)
     out = lm.generate_until([_req(context), _req(context, do_sample=True, temperature=1.0)])
     assert len(out) == 2 and all(isinstance(o, str) for o in out)
-    assert all(lm.paired.same[n:])  # SPOT's ids equal control's on them too
-    assert all(e["stop_reason"] in ("eos", "until", "length") for e in lm.sample_log[-2:])
+    assert all(lm.generation.paired.same[n:])  # SPOT's ids equal control's on them too
+    assert all(e["stop_reason"] in ("eos", "until", "length") for e in lm.generation.sample_log[-2:])
 
 
 def test_unknown_characters_become_the_unknown_token_with_one_warning(lm, caplog):
@@ -82,13 +82,13 @@ def test_a_stop_string_spanning_two_blocks_cuts_at_its_first_occurrence(lm):
     assert len(stop) == 3
     out = lm.generate_until([Instance("generate_until", {}, (context, {"until": [stop], "max_gen_toks": 20}), 0)])[0]
     assert out == free[: free.index(stop)]
-    assert lm.sample_log[-1]["stop_reason"] == "until"
+    assert lm.generation.sample_log[-1]["stop_reason"] == "until"
 
 
 def test_max_gen_toks_below_one_block(lm):
     out = lm.generate_until([_req("Q: 1+1", max_gen_toks=3, until=[])])[0]
     assert len(lm.encode(out)) <= 3
-    assert lm.sample_log[-1]["gen_tokens"] <= 3 and lm.sample_log[-1]["stop_reason"] in ("length", "eos")
+    assert lm.generation.sample_log[-1]["gen_tokens"] <= 3 and lm.generation.sample_log[-1]["stop_reason"] in ("length", "eos")
 
 
 def test_temperature_and_do_sample_that_disagree_decode_greedily(lm):
@@ -97,7 +97,7 @@ def test_temperature_and_do_sample_that_disagree_decode_greedily(lm):
     # do_sample, is greedy decoding.
     assert lm.generate_until([_req("Q: 7", do_sample=True, temperature=0.0)])[0] == greedy
     assert lm.generate_until([_req("Q: 7", do_sample=False, temperature=0.9)])[0] == greedy
-    assert lm.stats.temperatures[-2:] == [0.0, 0.0]
+    assert lm.generation.stats.temperatures[-2:] == [0.0, 0.0]
 
 
 # ---- the target's own output -----------------------------------------------------------------------------

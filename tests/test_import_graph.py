@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("drafter", "baselines.rank_graph", "baselines.oracle", "budget"),
     ("families", "settings.cards"),
     ("likelihood", "settings.proposers", "harness.jobs", "reports.summary", "harness.chat", "harness.generation"),
-    ("harness.model", "tools.check", "harness.registration", "_boot", "training", "baselines.graph",
+    ("harness.model", "harness.build", "tools.check", "harness.registration", "_boot", "training", "baselines.graph",
      "likelihood.timing", "likelihood.variance"),
 ]
 # Every subpackage's own __init__ (a docstring) sits in the lowest layer; its modules are placed above.

@@ -31,7 +31,7 @@ def test_generate_until_counts_and_reports(lm):
                 "wall_s", "temperature"):
         assert key in info
     assert info["mode"] == "control" and info["samples"] == 3 and info["temperature"] == 0.0
-    assert info["nfe_total"] == sum(s.nfe for s in lm.stats.samples) > 0
+    assert info["nfe_total"] == sum(s.nfe for s in lm.generation.stats.samples) > 0
     assert info["gen_tokens_total"] <= 12 + 5 + 9
     # control commits one token per round, plus prefill/store forwards: tokens per forward <= 1
     assert 0 < info["tokens_per_forward"] <= 1.0
@@ -41,9 +41,9 @@ def test_generate_until_counts_and_reports(lm):
 
 
 def test_max_gen_toks_and_prompt_tokens_not_counted(lm):
-    before = len(lm.stats.samples)
+    before = len(lm.generation.stats.samples)
     lm.generate_until([req("a long prompt " * 5, max_gen_toks=4, until=[])])
-    s = lm.stats.samples[before]
+    s = lm.generation.stats.samples[before]
     assert s.gen_tokens <= 4 and s.committed <= 4
 
 
@@ -112,10 +112,10 @@ def test_model_without_mask_token_rejected(tmp_path):
 
 
 def test_bad_max_gen_toks_rejected_before_any_decoding(lm):
-    before = len(lm.stats.samples)
+    before = len(lm.generation.stats.samples)
     with pytest.raises(ValueError, match="max_gen_toks"):
         lm.generate_until([req("hi", max_gen_toks=3), req("hi", max_gen_toks=0)])
-    assert len(lm.stats.samples) == before
+    assert len(lm.generation.stats.samples) == before
 
 
 def test_batch_size_forms(tiny_target_dir):

@@ -61,11 +61,11 @@ def test_adapt_arguments_are_validated():
 
 
 def test_adaptation_is_on_by_default_for_the_transfer_drafter_only(tiny_target_dir):
-    assert SpotDLM(pretrained=str(tiny_target_dir)).online is not None  # the transfer drafter: not its own
-    assert SpotDLM().online is None  # the embedded target with its own drafter
-    assert SpotDLM(adapt="online").online is not None  # asked for
-    assert SpotDLM(pretrained=str(tiny_target_dir), adapt="off").online is None
-    assert SpotDLM(pretrained=str(tiny_target_dir), mode="conf-tree").online is None
+    assert SpotDLM(pretrained=str(tiny_target_dir)).generation.online is not None  # the transfer drafter: not its own
+    assert SpotDLM().generation.online is None  # the embedded target with its own drafter
+    assert SpotDLM(adapt="online").generation.online is not None  # asked for
+    assert SpotDLM(pretrained=str(tiny_target_dir), adapt="off").generation.online is None
+    assert SpotDLM(pretrained=str(tiny_target_dir), mode="conf-tree").generation.online is None
 
 
 # ---- the bar's behaviours -------------------------------------------------------------------------------------
@@ -84,9 +84,9 @@ def recovered(random_drafter, tmp_path_factory):
 
 def test_adaptation_recovers_a_random_drafters_nfe_and_never_changes_an_output(recovered):
     on, off, _ = recovered
-    assert on.paired.same and all(on.paired.same)  # every output equal to control's
-    tenths_on = nfe_by_tenth([s.nfe for s in on.stats.samples])
-    tenths_off = nfe_by_tenth([s.nfe for s in off.stats.samples])
+    assert on.generation.paired.same and all(on.generation.paired.same)  # every output equal to control's
+    tenths_on = nfe_by_tenth([s.nfe for s in on.generation.stats.samples])
+    tenths_off = nfe_by_tenth([s.nfe for s in off.generation.stats.samples])
     # the first tenth drafted with (nearly) the random weights: alike; by the last, adaptation is far ahead
     assert abs(tenths_on[0] - tenths_off[0]) < 0.15 * tenths_off[0]
     assert sum(tenths_on[-3:]) < 0.9 * sum(tenths_off[-3:]), (tenths_on, tenths_off)  # measured: about 0.82
@@ -105,16 +105,16 @@ def test_the_adapted_drafter_is_kept_and_loads(recovered, random_drafter):
     on, _, out = recovered
     model, meta = load_drafter(out, 32)
     assert meta.extra["adapted"]["from"] == str(random_drafter)
-    assert meta.extra["adapted"]["examples"] == on.online.examples and meta.extra["adapted"]["requests"] == 40
+    assert meta.extra["adapted"]["examples"] == on.generation.online.examples and meta.extra["adapted"]["requests"] == 40
     assert meta.target == on.args.pretrained
     assert _weights_digest(out) != _weights_digest(random_drafter)
-    for a, b in zip(model.state_dict().values(), on.online.model.state_dict().values(), strict=True):
+    for a, b in zip(model.state_dict().values(), on.generation.online.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # what was saved is what the run ended with
     # the next run drafts with it: fewer NFE than the random start, outputs as exact
     nxt = SpotDLM(budget=8, drafter=str(out), adapt="off", seed=0)
     nxt.generate_until(_arith(8))
-    first = [s.nfe for s in on.stats.samples[:8]]
-    assert sum(s.nfe for s in nxt.stats.samples) < 0.8 * sum(first)
+    first = [s.nfe for s in on.generation.stats.samples[:8]]
+    assert sum(s.nfe for s in nxt.generation.stats.samples) < 0.8 * sum(first)
 
 
 @pytest.mark.parametrize("T,batch_size", [(0.0, 1), (1.0, 3)])
@@ -123,7 +123,7 @@ def test_two_runs_with_one_seed_give_the_same_nfe_per_sample(tiny_target_dir, T,
     for _ in range(2):
         lm = SpotDLM(budget=8, pretrained=str(tiny_target_dir), adapt="online", seed=5, batch_size=batch_size)
         lm.generate_until(_short(12, T))
-        runs.append(([s.nfe for s in lm.stats.samples], [p.detach().clone() for p in lm.online.model.parameters()]))
+        runs.append(([s.nfe for s in lm.generation.stats.samples], [p.detach().clone() for p in lm.generation.online.model.parameters()]))
     assert runs[0][0] == runs[1][0]
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
 
@@ -132,8 +132,8 @@ def test_two_runs_with_one_seed_give_the_same_nfe_per_sample(tiny_target_dir, T,
 def test_adapting_at_batch_size_n_stays_exact(tiny_target_dir, T):
     lm = SpotDLM(budget=8, pretrained=str(tiny_target_dir), adapt="online", control="paired", seed=2, batch_size=4)
     lm.generate_until(_short(12, T))
-    assert len(lm.paired.same) == 12 and all(lm.paired.same)
-    assert lm.online.updates == 3  # one update per chunk of 4
+    assert len(lm.generation.paired.same) == 12 and all(lm.generation.paired.same)
+    assert lm.generation.online.updates == 3  # one update per chunk of 4
 
 
 def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
@@ -145,7 +145,7 @@ def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
     prepare, timed = LearnedOrder.prepare, GenerationRunner._timed_decode
 
     def spy_prepare(self, ctx):
-        seen.append((chunk[0], lm.online.version))
+        seen.append((chunk[0], lm.generation.online.version))
         return prepare(self, ctx)
 
     def spy_timed(self, *a, **k):
@@ -153,7 +153,7 @@ def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
         return timed(self, *a, **k)
 
     def spy_prepare_many(self, ctxs):
-        seen.extend((chunk[0], lm.online.version) for _ in ctxs)
+        seen.extend((chunk[0], lm.generation.online.version) for _ in ctxs)
         return [prepare(self, c) for c in ctxs]
 
     monkeypatch.setattr(LearnedOrder, "prepare", spy_prepare)
@@ -176,11 +176,11 @@ def test_the_buffer_holds_exactly_the_commits_control_makes(tiny_target_dir, ran
 
     lm = SpotDLM(pretrained=str(tiny_target_dir), adapt="online", seed=4, batch_size=batch_size, budget=4)
     kept = []
-    add = lm.online.add
-    lm.online.add = lambda t: (kept.append(t), add(t))  # type: ignore[method-assign]
+    add = lm.generation.online.add
+    lm.generation.online.add = lambda t: (kept.append(t), add(t))  # type: ignore[method-assign]
     reqs = _short(6, T)
     lm.generate_until(reqs)
-    assert any(s.accepted_per_round > 0 for s in lm.stats.samples)  # drafts were accepted
+    assert any(s.accepted_per_round > 0 for s in lm.generation.stats.samples)  # drafts were accepted
     ad = load_target(parse_args({"pretrained": str(tiny_target_dir), "mode": "control"})).adapter
     for job, t in zip(lm._plan(reqs), kept, strict=True):
         rec = TrajectoryRecorder(0, 0)

@@ -207,20 +207,20 @@ SAMPLE = {"do_sample": True, "temperature": 1.0, "top_k": 5, "top_p": 0.9}
 
 
 def test_a_bad_kwarg_names_the_request_and_nothing_is_decoded(embedded):
-    before = len(embedded.sample_log)
+    before = len(embedded.generation.sample_log)
     with pytest.raises(GenKwargsError, match=r"^spot-dlm: request 1 \(task spot_arith, doc 1; set by --gen_kwargs "
                                              r"or the task's generation_kwargs\): generation kwarg top_p=2.0 .* "
                                              r"nothing was decoded$"):
         embedded.generate_until([_req(CONTEXTS[0]), _req(CONTEXTS[1], 1, top_p=2.0)])
-    assert len(embedded.sample_log) == before
+    assert len(embedded.generation.sample_log) == before
 
 
 @pytest.mark.parametrize("bs", [1, 8])
 def test_embedded_target_spot_equals_control_with_top_k_and_top_p(embedded, bs):
     embedded.args = replace(embedded.args, batch_size=bs)
-    n = len(embedded.paired.same)
+    n = len(embedded.generation.paired.same)
     embedded.generate_until([_req(c, i, **SAMPLE) for i, c in enumerate(CONTEXTS)])
-    assert len(embedded.paired.same) == n + len(CONTEXTS) and all(embedded.paired.same[n:])
+    assert len(embedded.generation.paired.same) == n + len(CONTEXTS) and all(embedded.generation.paired.same[n:])
     spot = embedded.get_model_info()["spot"]
     assert spot["top_k"] == 5 and spot["top_p"] == 0.9 and spot["exact_match_to_control"] == 1.0
 
@@ -273,9 +273,9 @@ def test_every_family_spot_equals_control_with_top_k_and_top_p(family_dirs, fam,
     lm = _family_lm(family_dirs, fam, extra, control="paired", seed=3)
     for bs in (1, 8):
         lm.args = replace(lm.args, batch_size=bs)
-        n = len(lm.paired.same)
+        n = len(lm.generation.paired.same)
         lm.generate_until([_req(c, i, **{**SAMPLE, "max_gen_toks": 12}) for i, c in enumerate(CONTEXTS)])
-        assert len(lm.paired.same) == n + len(CONTEXTS) and all(lm.paired.same[n:]), (fam, extra, bs)
+        assert len(lm.generation.paired.same) == n + len(CONTEXTS) and all(lm.generation.paired.same[n:]), (fam, extra, bs)
     spot = lm.get_model_info()["spot"]
     assert (spot["top_k"], spot["top_p"], spot["exact_match_to_control"]) == (5, 0.9, 1.0)
 

@@ -54,3 +54,38 @@ def auto_batch_size(adapter: TargetAdapter, rows: int, cap: int | None = None) -
     log.info("batch_size=auto: %d (%.1f GiB free on %s, ~%.0f MiB per request of %d rows)", n, free / 2**30,
              adapter.device, per / 2**20, rows)
     return n
+
+
+class BatchSizes:
+    """How many requests a run decodes or scores together: batch_size=N, or `auto` sized once per kind from the
+    memory free on the device; batch_invariant=true decodes one at a time (other requests' rows would change the
+    forward's shape again) and pads every forward to `pad_rows`."""
+
+    def __init__(self, adapter: TargetAdapter, batch_size: int | str, batch_invariant: bool, drafting: bool,
+                 budget: int | str, max_budget: int, mc_batch: int, cap: int | None) -> None:
+        self.adapter, self.batch_size, self.invariant = adapter, batch_size, batch_invariant
+        self.rows = 1 + (budget if isinstance(budget, int) else max_budget) if drafting else 1
+        self.mc_batch, self.cap = mc_batch, cap
+        self._gen: int | None = None
+        self._lik: int | None = None
+        # batch_invariant: every forward carries 1 + the largest budget rows (budget=auto's: max_budget)
+        self.pad_rows = 1 + (budget if isinstance(budget, int) else max_budget) if batch_invariant else 0
+
+    def generation(self) -> int:
+        if self.invariant:
+            return 1
+        if self.batch_size != "auto":
+            return int(self.batch_size)
+        if self._gen is None:
+            self._gen = auto_batch_size(self.adapter, self.rows, self.cap)
+        return self._gen
+
+    def likelihood(self) -> int:
+        """Likelihood requests scored together (each forward carries up to mc_batch rows per request)."""
+        if self.invariant:
+            return 1
+        if self.batch_size != "auto":
+            return int(self.batch_size)
+        if self._lik is None:
+            self._lik = auto_batch_size(self.adapter, self.mc_batch, self.cap)
+        return self._lik

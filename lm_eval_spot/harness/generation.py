@@ -1,6 +1,6 @@
-"""Generation requests' decoding for the `spot-dlm` model: chunks of planned jobs through the batched decoder, the
-paired control run, and what rides on the method's own decodes (drafter-data recording, online adaptation), timed
-and counted into the run's statistics. `harness/model.py` keeps lm-eval's interface around it."""
+"""The owner of a generate_until call: planned jobs in chunks through the batched decoder, the paired control run,
+what rides on the method's own decodes (drafter-data recording, online adaptation), and every write to the run's
+statistics and per-request log. `harness/model.py` keeps lm-eval's verbs around it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
@@ -22,8 +24,10 @@ from lm_eval_spot.drafter.online import OnlineAdapter
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.errors import preview
 from lm_eval_spot.harness.jobs import Job
-from lm_eval_spot.reports.run_stats import PairedStats, RunStats, nfe_by_tenth
 from lm_eval_spot.harness.until import cut_text, make_stop_check
+from lm_eval_spot.reports.run_stats import PairedStats, RunStats, nfe_by_tenth
+from lm_eval_spot.reports.summary import sample_entry, sample_stats
+from lm_eval_spot.tokens import TextDecoder
 
 log = logging.getLogger("lm_eval.spot")
 
@@ -39,25 +43,67 @@ class GenerationSetup:
     adapter: TargetAdapter
     args: SpotArgs
     proposer: Proposer | None  # None: control
-    decode_ids: Callable[[list[int]], str]
+    text: TextDecoder  # ids -> text (and the ids the tokenizer does not know, counted per sample)
     recording: DrafterDataWriter | None  # drafter_data=
     online: OnlineAdapter | None  # adapt=online
     policy: StepPolicy | None = None  # budget=auto: each step's drafted rows per request
+    drafter_out: Path | None = None  # drafter_out=: where the adapted drafter is written after each call
+    rank_folder: str | None = None  # this process's subfolder of drafter_out when several processes adapt
+
+
+@dataclass(frozen=True)
+class CallReport:
+    """One generate_until call as the runner ran it."""
+
+    texts: list[str]  # per job, in order, cut at its `until`
+    wall_s: float  # the call's wall time
+    decode_s: float  # the method's own decoding time within it (paired control's decodes excluded)
 
 
 class GenerationRunner:
-    """Decodes chunks of jobs; keeps the method's decoding time and its recording / adaptation costs."""
+    """Runs generate_until calls: chunks, paired control, recording, adaptation, and every statistics write (the
+    run's `stats`, paired control's `paired`, and the per-request `sample_log`)."""
 
     def __init__(self, setup: GenerationSetup, stats: RunStats, paired: PairedStats | None) -> None:
         self.setup = setup
         self.stats = stats
         self.paired = paired  # with control=paired (always for the oracle): each request decoded draft-free too
+        # Per request, in lm-eval's request order: joined with its samples file by `prompt_hash` (compare).
+        self.sample_log: list[dict[str, Any]] = []
         self.oracle = setup.args.mode == "oracle"
         self.decode_s = 0.0  # wall time of the method's own decoding calls (chunks, not requests), running total
         self.adapt_observe_s = 0.0  # recording's share of the decodes' time, for the adaptation's cost
         self.online, self.recording = setup.online, setup.recording
         self._drafted_share: float | None = None  # the policy's share of drafting rounds in the last chunk
         self.adapt_skipped = 0  # chunks decoded without adaptation (budget=auto drafted too little before them)
+
+    def generate(self, jobs: list[Job], batch_size: int, on_text: Callable[[Job, str], None],
+                 progress: bool) -> CallReport:
+        """Decode `jobs` (already validated) in chunks of `batch_size`; `on_text(job, text)` as each chunk's texts
+        are ready (lm-eval's cache hook). Records every sample and the call's times; flushes drafter_data and
+        writes drafter_out at the end."""
+        t_call, decode_s = time.perf_counter(), self.decode_s
+        texts: list[str] = [""] * len(jobs)
+        text = self.setup.text
+        bar = tqdm(total=len(jobs), desc=f"spot-dlm [{self.setup.args.mode}]", disable=not progress)
+        for c, start in enumerate(range(0, len(jobs), batch_size)):
+            chunk = jobs[start : start + batch_size]
+            # With paired control, which of the two runs first alternates per chunk: machine drift cancels.
+            done = self.run_chunk(chunk, c % 2 == 1)
+            for k, (job, (txt, result)) in enumerate(zip(chunk, done, strict=True)):
+                texts[start + k] = txt
+                unknown = text.count_unknown(result.token_ids)
+                self.stats.add(sample_stats(result, unknown), job.cfg.temperature, job.cfg.top_k, job.cfg.top_p)
+                self.sample_log.append(sample_entry(job.context, result, unknown))
+                on_text(job, txt)
+                bar.update(1)
+            bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
+        bar.close()
+        self.end_call()
+        report = CallReport(texts, time.perf_counter() - t_call, self.decode_s - decode_s)
+        if jobs:
+            self.stats.add_call(report.wall_s, report.decode_s)
+        return report
 
     def run_chunk(self, chunk: list[Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
         """Decode a chunk of requests together; with paired control, also decode them draft-free (the oracle
@@ -125,7 +171,7 @@ class GenerationRunner:
     ) -> list[tuple[str, DecodeResult]]:
         """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`;
         `tally` adds the steps and model forwards run."""
-        decode_ids = self.setup.decode_ids
+        decode_ids = self.setup.text
         jobs = [
             DecodeJob(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(decode_ids, job.until),
                       prop, observers[i] if observers else None,
@@ -146,10 +192,12 @@ class GenerationRunner:
                 f"(prompt_hash {hash_string(job.context)}); nothing of this run was written") from None
         return [(cut_text(decode_ids(r.token_ids), job.until), r) for job, r in zip(chunk, results, strict=True)]
 
-    def end_call(self, drafter_out: Path | None, target: str, rank_folder: str | None) -> None:
+    def end_call(self) -> None:
         """After a generate_until call: drafter_data's shards flushed (and what recording cost logged); with
-        drafter_out, the adapted drafter written (under `rank_folder` when several processes adapt)."""
+        drafter_out, the adapted drafter written (under the rank's folder when several processes adapt)."""
         recording, online = self.recording, self.online
+        drafter_out, rank_folder = self.setup.drafter_out, self.setup.rank_folder
+        target = self.setup.args.pretrained
         if recording is not None:
             recording.flush()
             r = recording.summary()
