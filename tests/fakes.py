@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lm_eval_spot.adapters.base import ForwardTally, NFECounter, TargetInfo
+from lm_eval_spot.adapters.base import ForwardTally, NFECounter, RowsCall, TargetInfo
 
 
 class ScriptedSession:
@@ -54,6 +54,13 @@ class ScriptedAdapter:
             else:
                 out[i, self.script.get(p, 2)] = float(self._margin[p])
         return out
+
+    def forward_many(self, calls: list[RowsCall]) -> list[tuple[torch.Tensor, None]]:
+        assert all(c.ahead is None for c in calls), "the scripted target has no lookahead row"
+        return [(c.session.block_logits(c.states), None) for c in calls]
+
+    def block_logits_many(self, items: list[tuple[ScriptedSession, torch.Tensor]]) -> list[torch.Tensor]:
+        return [s.block_logits(st) for s, st in items]
 
     def open(self, prompt_ids: list[int], gen_length: int | None = None):
         L = self.info.block_len

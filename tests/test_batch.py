@@ -152,20 +152,13 @@ def test_pad_rows_makes_every_forward_one_shape_and_changes_nothing():
     L = 8
     adapter = adapter_for(L, seed=4, scale=1.0)
     shapes: list[int] = []
-    orig_open = adapter.open
+    inner = adapter.forward_many
 
-    def spy_open(prompt, gen_length=None):
-        session, tail = orig_open(prompt, gen_length)
-        inner = session.block_logits
+    def forward_many(calls):
+        shapes.extend(c.states.shape[0] for c in calls)
+        return inner(calls)
 
-        def block_logits(states):
-            shapes.append(states.shape[0])
-            return inner(states)
-
-        session.block_logits = block_logits
-        return session, tail
-
-    adapter.open = spy_open
+    adapter.forward_many = forward_many
     torch.manual_seed(1)
     prop = SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=5))
     for T in (0.0, 1.0):

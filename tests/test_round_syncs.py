@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_spot.adapters.base import TargetInfo
+from lm_eval_spot.adapters.base import RowsCall, TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.settings.args import parse_args
-from lm_eval_spot.decoding.loop import DecodeConfig, RequestDecode, run_round
+from lm_eval_spot.decoding.loop import DecodeConfig, RequestDecode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
 from lm_eval_spot.families import load_target
@@ -36,7 +36,7 @@ def per_round(adapter, prompt, T: float, spot: bool, lookahead: bool = True, gen
                             proposer=proposer)
         emu.reset()
         while (states := req.next_states()) is not None:
-            req.advance(*run_round(req, states))
+            req.advance(*adapter.forward_many([RowsCall(req.session, states, req.ahead_row)])[0])
             counts.append(emu.reset())
             if official is not None:
                 official.append(emu.official_crossings)
@@ -130,6 +130,6 @@ def test_rejection_verifier_rounds():
                             proposer=chain, verify="rejection")
         emu.reset()
         while (states := req.next_states()) is not None:
-            req.advance(*run_round(req, states))
+            req.advance(*ad.forward_many([RowsCall(req.session, states, req.ahead_row)])[0])
             counts.append(sum(emu.reset()))
     assert max(counts) <= 6, counts

@@ -118,6 +118,16 @@ class TargetAdapter(Protocol):
         never masked)."""
         ...
 
+    def forward_many(self, calls: Sequence[RowsCall]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """THE route to the target: several requests' rounds (one or more), each charged one NFE and given the
+        logits of its own forward, in as few forwards as the adapter can. Per call, in order: (logits [R, L, V]
+        of its states, the lookahead row's [L, V] or None). A session's `block_logits` is the one-call case."""
+        ...
+
+    def block_logits_many(self, items: Sequence[tuple[Any, torch.Tensor]]) -> list[torch.Tensor]:
+        """`block_logits` of several (session, states), without lookahead rows: `forward_many`'s logits."""
+        ...
+
     # Optional: full_logits(prefix_ids, states) -> [R, L, V]: the same logits by a cache-free recomputation of
     # [prefix ; state] (the self-check's reference for the prefix cache).
 
@@ -130,20 +140,6 @@ class RowsCall:
     session: Any
     states: torch.Tensor
     ahead: int | None = None
-
-
-@runtime_checkable
-class SharesForwards(Protocol):
-    """An adapter that runs several requests' rounds in shared forwards. Each request's logits equal those of its
-    own forward and each is charged one NFE."""
-
-    def forward_many(self, calls: Sequence[RowsCall]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Per call, in order: (logits [R, L, V] of its states, the lookahead row's [L, V] or None)."""
-        ...
-
-    def block_logits_many(self, items: Sequence[tuple[Any, torch.Tensor]]) -> list[torch.Tensor]:
-        """`block_logits` of several (session, states), without lookahead rows."""
-        ...
 
 
 @runtime_checkable

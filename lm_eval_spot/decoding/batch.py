@@ -3,7 +3,7 @@
 Each live request is a `RequestDecode` with its own state, noise, proposer (a shared proposer keeps no
 per-request state: a request's verdicts ride in its own round context) and stop condition. Every step asks each
 for its next round's replica states, runs them through the target in as few forwards as the adapter can
-(`SharesForwards.forward_many`: one shared forward for every live request, their pending blocks and lookahead
+(`TargetAdapter.forward_many`: one shared forward for every live request, their pending blocks and lookahead
 rows included), and applies each request's round. Finished requests leave and queued ones join, so the batch
 stays full. A request's output never depends on its batch-mates: its rows' arithmetic is its own.
 """
@@ -15,10 +15,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lm_eval_spot.adapters.base import RowsCall, SharesForwards, TargetAdapter
+from lm_eval_spot.adapters.base import RowsCall, TargetAdapter
 from lm_eval_spot.decoding.step_policy import RequestPace, StepPolicy, StepView
 from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecode, RoundObserver,
-                                        StopCheck, run_round)
+                                        StopCheck)
 from lm_eval_spot.decoding.proposer import Proposer, prepare_batch
 from lm_eval_spot.transfer import sync
 
@@ -95,10 +95,7 @@ def decode_many(
             drafting_s[i] += time.perf_counter() - t0 + (each if p is not None else 0.0)
         t0 = time.perf_counter()
         before = adapter.tally.forwards
-        if isinstance(adapter, SharesForwards):
-            outs = adapter.forward_many([RowsCall(req.session, st, req.ahead_row) for _, req, st in step])
-        else:
-            outs = [run_round(req, st) for _, req, st in step]
+        outs = adapter.forward_many([RowsCall(req.session, st, req.ahead_row) for _, req, st in step])
         if timed:
             sync(adapter.device)  # the forward's own time (on an accelerator the call returns before it runs)
         forward = time.perf_counter() - t0

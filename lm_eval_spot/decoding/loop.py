@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from lm_eval_spot.adapters.base import LooksAhead, TargetAdapter
+from lm_eval_spot.adapters.base import LooksAhead, RowsCall, TargetAdapter
 from lm_eval_spot.decoding.block import BlockCursor
 from lm_eval_spot.decoding.clock import RoundClock
 from lm_eval_spot.decoding.coupled import CoupledVerifier
@@ -37,7 +37,7 @@ from lm_eval_spot.decoding.verifier import RoundAt, Verdict, Verifier
 
 # The loop's vocabulary is imported from here by most callers.
 __all__ = ["DecodeConfig", "DecodeResult", "LookaheadCount", "NonFiniteLogitsError", "RequestDecode", "RoundObserver",
-           "RoundTiming", "StopCheck", "decode", "run_round"]
+           "RoundTiming", "StopCheck", "decode"]
 
 
 def decode(
@@ -57,7 +57,7 @@ def decode(
     """
     req = RequestDecode(adapter, prompt_ids, cfg, seed, stop_check, proposer, observer, verify)
     while (states := req.next_states()) is not None:
-        req.advance(*run_round(req, states))
+        req.advance(*adapter.forward_many([RowsCall(req.session, states, req.ahead_row)])[0])
     assert req.result is not None
     return req.result
 
@@ -66,14 +66,6 @@ def make_verifier(rejection: bool, seed: int, cfg: DecodeConfig, link: HostLink)
     if rejection:
         return RejectionVerifier(seed, cfg.temperature, cfg.truncation, link)
     return CoupledVerifier(cfg.temperature, cfg.truncation, link)
-
-
-def run_round(req: RequestDecode, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The target forward of one request's round: logits of `states`, and the lookahead logits when it asked."""
-    if req.ahead_row is None:
-        return req.session.block_logits(states), None
-    assert isinstance(req.session, LooksAhead)
-    return req.session.block_logits_ahead(states, req.ahead_row)
 
 
 class RequestDecode:

@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from lm_eval_spot.adapters.base import SharesForwards, TargetAdapter
+from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.adapters.bidirectional import raw_positions
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.likelihood.patterns import MaskPlan, combine, plan_for
@@ -319,7 +319,7 @@ def _run_calls(adapter: TargetAdapter, calls: list[Call]) -> list[torch.Tensor]:
     """Run the live requests' pending forwards, sharing forwards where the adapter can."""
     out: list[torch.Tensor | None] = [None] * len(calls)
     blocks = [i for i, c in enumerate(calls) if isinstance(c, BlockCall)]
-    if len(blocks) > 1 and isinstance(adapter, SharesForwards):
+    if len(blocks) > 1:
         got = adapter.block_logits_many([(calls[i].session, calls[i].states) for i in blocks])  # type: ignore[union-attr]
         for i, g in zip(blocks, got, strict=True):
             out[i] = g
