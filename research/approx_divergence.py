@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from remote_fixtures import save_checkpoint, tokenizer_mask_id  # noqa: E402
-from test_bidirectional import build  # noqa: E402
+from helpers.remote_fixtures import save_checkpoint, tokenizer_mask_id  # noqa: E402
+from helpers.targets import build  # noqa: E402
 
 from lm_eval_spot.settings.args import parse_args  # noqa: E402
 from lm_eval_spot.decoding.loop import DecodeConfig, decode  # noqa: E402

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from remote_fixtures import add_test_stubs, build_remote, save_checkpoint, tokenizer_mask_id  # noqa: E402
+from helpers.remote_fixtures import add_test_stubs, build_remote, save_checkpoint, tokenizer_mask_id  # noqa: E402
 
 from lm_eval_spot.tools import check  # noqa: E402
 
@@ -25,7 +25,7 @@ def main() -> int:
     add_test_stubs()  # TEST-ONLY flash_attn stand-in: SDAR's remote code imports flash_attn
     save_checkpoint(build_remote("sdar", mask_token_id=tokenizer_mask_id()), root / "sdar")
     save_checkpoint(build_remote("llada2_moe", seed=1), root / "llada2")
-    from test_bidirectional import build  # the fixture tweaks for the bidirectional families (see there)
+    from helpers.targets import build  # the fixture tweaks for the bidirectional families (see there)
 
     for fam in ("llada", "dream"):
         save_checkpoint(build(fam, tokenizer_mask_id()), root / fam)

@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ["tests/test_decoder_reference.py", "tests/test_spot_exactness.py", "tests/test_adapter_contract.py",
-         "tests/test_control_decoder.py", "tests/test_lookahead.py", "tests/test_host_drafter.py",
-         "tests/test_auto_budget.py", "tests/test_fused_attention.py", "tests/test_round_syncs.py",
-         "tests/test_likelihood.py", "tests/test_batch.py", "tests/test_sampling.py",
-         "tests/test_online.py", "tests/test_batch_families.py"]
+TESTS = ["tests/decoding/test_decoder_reference.py", "tests/decoding/test_spot_exactness.py", "tests/adapters/test_adapter_contract.py",
+         "tests/decoding/test_control_decoder.py", "tests/decoding/test_lookahead.py", "tests/drafter/test_host_drafter.py",
+         "tests/decoding/test_auto_budget.py", "tests/adapters/test_fused_attention.py", "tests/adapters/test_round_syncs.py",
+         "tests/likelihood/test_likelihood.py", "tests/decoding/test_batch.py", "tests/decoding/test_sampling.py",
+         "tests/drafter/test_online.py", "tests/families/test_batch_families.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",

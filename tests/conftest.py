@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import save_tiny_target  # noqa: E402
+from helpers.tiny import save_tiny_target  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -31,4 +31,4 @@ def tiny_target_dir(tmp_path_factory) -> Path:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fuzz-examples", type=int, default=None, metavar="N",
-                     help="tests/test_fuzz.py: N random (not derandomized) examples per target kind")
+                     help="tests/decoding/test_fuzz.py: N random (not derandomized) examples per target kind")

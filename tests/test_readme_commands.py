@@ -18,9 +18,9 @@ import pytest
 
 from lm_eval_spot.settings.args import default_target_path
 
-from real_files import REAL, build
-from remote_fixtures import SHARED, build_remote, save_checkpoint, transformers_major
-from test_cli_e2e import LM_EVAL
+from helpers.real_files import REAL, build
+from helpers.remote_fixtures import SHARED, build_remote, save_checkpoint, transformers_major
+from helpers.cli import LM_EVAL
 
 pytestmark = pytest.mark.slow
 README = Path(__file__).resolve().parents[1] / "README.md"

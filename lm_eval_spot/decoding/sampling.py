@@ -8,7 +8,7 @@ applies its warpers (temperature, then top-k, then top-p), with their tie rules:
   dropped first: a stable sort. transformers sorts unstably, so its choice among exact ties is whatever torch's
   sort kernel gives (it differs from the stable order on the CPU, and may with the batch's shape or device);
   exactness needs a rule that never depends on how many rows share a forward, and bf16 logits tie often.
-  Without exact ties at the boundary the two agree token for token (tests/test_sampling.py).
+  Without exact ties at the boundary the two agree token for token (tests/decoding/test_sampling.py).
 The commit POSITION never reads this: it takes the clean, untruncated confidence (`transition.select_positions`),
 so truncation changes only which token is drawn, the same way in control, the verifier and the drafts.
 """

@@ -8,7 +8,7 @@ of (order probability of the slot) x (stale probability of the token); a child n
 It selects the top `budget` candidates by (-mass, depth, creation order), where the creation order is a key (the
 parent's rank among its depth's nodes, then the slot's rank by descending order probability, lowest slot on
 ties, then the token hypothesis): the tree a level-by-level search over every candidate selects, tie-breaks
-included (tests/test_host_drafter.py keeps such a search as the reference). A child ranks after its parent on
+included (tests/drafter/test_host_drafter.py keeps such a search as the reference). A child ranks after its parent on
 equal mass, so popping candidates in key order is that top set.
 """
 
