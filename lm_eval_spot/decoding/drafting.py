@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from lm_eval_spot.decoding.block import BlockCursor
-from lm_eval_spot.decoding.proposer import Budgeted, Proposer, RoundContext
+from lm_eval_spot.decoding.proposer import Budgeted, LearnsFromVerdicts, Proposer, RoundContext
 from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.stale import Stale, summarize
 from lm_eval_spot.transfer import HostLink
@@ -57,8 +57,8 @@ class DraftingPhase:
                  rejection: bool, link: HostLink) -> None:
         self.proposer, self.rejection, self.link = proposer, rejection, link
         self.temperature, self.truncation = (0.0, None) if rejection else (temperature, truncation)
-        self.prev_path: tuple[int, ...] | None = None
         self.ctx: RoundContext | None = None  # the round's context until its tree is proposed
+        self._proposed: RoundContext | None = None  # the context of the tree the proposer made this round
         self.stale: Stale | None = None  # the round's stale summary (None when it drafts nothing)
         self._lead: tuple[int, int] | None = None
         self._budget: int | None = None
@@ -85,7 +85,7 @@ class DraftingPhase:
         # Under a lead edge the proposer's tree grows below it: one node of the round's budget is the lead's.
         below = None if budget is None else budget - (edge is not None)
         self.ctx = RoundContext(base, blocks.open_slots(base), base != mask_id, stale, self.temperature, noise,
-                                mask_id, blocks.block, self.prev_path, budget=below)
+                                mask_id, blocks.block, budget=below)
 
     def propose(self, prepared: object = None) -> DraftTree:
         """The round's tree (empty when it drafts nothing); `prepared`: the order source's per-round work for
@@ -94,8 +94,10 @@ class DraftingPhase:
         if self.ctx is not None:
             assert self.proposer is not None
             ctx = self.ctx if prepared is None else replace(self.ctx, prepared=prepared)
+            self._proposed = None
             if ctx.budget != 0:  # 0: the lead edge is the whole tree
                 tree = self.proposer.propose(ctx)
+                self._proposed = ctx
             if self._lead is not None:
                 budget = self._budget if self._budget is not None else (
                     self.proposer.budget if isinstance(self.proposer, Budgeted) else None)
@@ -105,9 +107,10 @@ class DraftingPhase:
         return tree
 
     def learn(self, path: list[int]) -> None:
-        """The verdict, for the next round's context: only on a tree the proposer made, in its own node numbering
-        (under a lead edge: shifted by one)."""
-        if self.led:
-            self.prev_path = tuple(n - 1 for n in path[1:]) if path else ()
-        else:
-            self.prev_path = tuple(path) if self.asked else None
+        """The verdict, to a proposer that learns from it: only on a tree it made, in its own node numbering
+        (under a lead edge: shifted by one, the lead's node dropped)."""
+        ctx, self._proposed = self._proposed, None
+        if ctx is None or not isinstance(self.proposer, LearnsFromVerdicts):
+            return
+        accepted = tuple(n - 1 for n in path[1:]) if self.led else tuple(path)
+        self.proposer.on_verdict(ctx, accepted)

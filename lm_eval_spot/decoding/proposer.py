@@ -27,9 +27,6 @@ class RoundContext:
     gumbel: torch.Tensor | None  # [L, V] the block's shared noise rows (T > 0, on the target's device), else None
     mask_id: int
     block: int = 0  # index of the active block within the generation (0 = the block holding the prompt's tail)
-    # The verifier's verdict on this request's previous round: the accepted node indices (1-based, root
-    # excluded) of the tree proposed then; None in a request's first round. Adaptive proposers learn from it.
-    prev_path: tuple[int, ...] | None = None
     # The order source's once-per-round work for this context, computed by the caller for a whole batch of
     # requests at once (`drafter.proposer.prepare_batch`); None: the proposer computes it.
     prepared: Any = None
@@ -40,6 +37,15 @@ class RoundContext:
 
 class Proposer(Protocol):
     def propose(self, ctx: RoundContext) -> DraftTree: ...
+
+
+@runtime_checkable
+class LearnsFromVerdicts(Protocol):
+    """A proposer that learns from the verifier (as transformers' candidate generators do through
+    `update_candidate_strategy`): after each round whose tree it proposed, that round's context and the accepted
+    nodes of the tree, 1-based in its own numbering (root excluded; () when none was)."""
+
+    def on_verdict(self, ctx: RoundContext, accepted: tuple[int, ...]) -> None: ...
 
 
 @runtime_checkable

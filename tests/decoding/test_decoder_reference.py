@@ -170,3 +170,50 @@ def test_exact_confidence_ties_go_to_the_lowest_slot(T):
     logits = session.block_logits(state[None])[0]
     conf = torch.softmax(logits, -1).amax(-1)[state == MASK]
     assert bool((conf == conf[0]).all()) and conf.numel() == L - len(tail)
+
+
+class VerdictSpy:
+    """A proposer that learns from the verifier (LearnsFromVerdicts): a stale-confidence tree whose verdicts it
+    keeps; an observer beside it records what the loop verified."""
+
+    def __init__(self, budget: int) -> None:
+        from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
+
+        self.inner = make_proposer(MethodSpec("conf-tree", budget))
+        self.budget = budget
+        self.trees: set[int] = set()
+        self.verdicts: list[tuple[int, ...]] = []
+
+    def propose(self, ctx: RoundContext) -> DraftTree:
+        tree = self.inner.propose(ctx)
+        self.trees.add(id(tree))
+        return tree
+
+    def on_verdict(self, ctx: RoundContext, accepted: tuple[int, ...]) -> None:
+        self.verdicts.append(accepted)
+
+
+class VerifyLog:
+    def __init__(self) -> None:
+        self.rounds: list[tuple[int, tuple[int, ...]]] = []
+
+    def on_commit(self, block, state, eligible, stale, pos, tok) -> None:
+        pass
+
+    def on_verify(self, block, tree, path, target_pos, target_tok) -> None:
+        self.rounds.append((id(tree), tuple(path)))
+
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_a_proposer_that_learns_gets_each_verdict_on_its_own_tree(T):
+    """The verdict reaches the proposer through its declared method, once per tree it proposed, with the accepted
+    nodes the verifier walked (no lookahead here: no lead edge shifts the numbering)."""
+    seed, scale, L, plen, nseed = CASES[0]
+    spy, seen = VerdictSpy(4), VerifyLog()
+    out = decode(make(seed, scale, L), prompt_of(plen, seed), DecodeConfig(max_gen_toks=3 * L, temperature=T,
+                                                                          lookahead=False),
+                 nseed, proposer=spy, observer=seen)
+    expected = [path for tree, path in seen.rounds if tree in spy.trees]
+    assert spy.verdicts == expected and any(spy.verdicts) and len(expected) >= 3
+    assert out.token_ids == decode(make(seed, scale, L), prompt_of(plen, seed),
+                                   DecodeConfig(max_gen_toks=3 * L, temperature=T, lookahead=False), nseed).token_ids
