@@ -37,7 +37,7 @@ from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.transfer import sync
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 from research.report import report
 
 log = logging.getLogger("research.scale_probe")
@@ -209,7 +209,7 @@ def decode_shares(adapter: BlockCausalAdapter, drafter: FactoredOrderModel, prom
     decode(adapter, prompt, DecodeConfig(max_gen_toks=4), seed=0)  # warm-up (allocator, kernels)
     for T in temps:
         for mode in ("control", "spot"):
-            prop = SpotProposer(drafter, TreeConfig(budget=budget)) if mode == "spot" else None
+            prop = TreeProposer(LearnedOrder(drafter), TreeConfig(budget=budget)) if mode == "spot" else None
             res = decode(adapter, prompt, DecodeConfig(max_gen_toks=gen, temperature=T), seed=3, proposer=prop)
             outside = res.wall_s - res.timing.forward
             runs.append({

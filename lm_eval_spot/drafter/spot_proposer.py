@@ -227,8 +227,3 @@ class TreeProposer:
         for r, j in enumerate(by_rank, start=1):
             rank[j] = r
         return DraftTree(tuple(out_parent), tuple(out_pos), tuple(out_tok), tuple(rank)), nodes
-
-
-def SpotProposer(model: DrafterModel, cfg: TreeConfig) -> TreeProposer:  # noqa: N802 (a constructor by role)
-    """SPOT: the best-first tree over the learned order model."""
-    return TreeProposer(LearnedOrder(model), cfg)

@@ -191,7 +191,7 @@ def check_native_vs_remote(args: SpotArgs, loaded: LoadedTarget, prompt: list[in
 
 def _proposer(args: SpotArgs, loaded: LoadedTarget) -> tuple[Any, str]:
     from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-    from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+    from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
     from lm_eval_spot.settings.proposers import build_proposer
 
     budget = args.budget if isinstance(args.budget, int) else 8
@@ -204,7 +204,7 @@ def _proposer(args: SpotArgs, loaded: LoadedTarget) -> tuple[Any, str]:
         torch.manual_seed(0)  # exactness holds for any drafter: a random-weight one stands in
         model = FactoredOrderModel(FactoredConfig()).to(loaded.adapter.device)
         log.info("self-check: %s", err)
-        return SpotProposer(model, TreeConfig(budget=budget)), (
+        return TreeProposer(LearnedOrder(model), TreeConfig(budget=budget)), (
             f"random-weight drafter: none loads for block_len={loaded.adapter.info.block_len}; budget {budget}")
 
 

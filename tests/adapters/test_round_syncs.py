@@ -14,7 +14,7 @@ from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.settings.args import parse_args
 from lm_eval_spot.decoding.loop import DecodeConfig, RequestDecode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 from lm_eval_spot.families import load_target
 
 from helpers.device_emulation import DeviceEmulation, place
@@ -29,7 +29,7 @@ def per_round(adapter, prompt, T: float, spot: bool, lookahead: bool = True, gen
     """(uploads, downloads) of every round of one decode; `official` collects the official code's own per round."""
     place(adapter.model)
     torch.manual_seed(0)
-    proposer = SpotProposer(FactoredOrderModel(FactoredConfig()), TreeConfig(budget=8)) if spot else None
+    proposer = TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig())), TreeConfig(budget=8)) if spot else None
     counts = []
     with DeviceEmulation(keep_stacks=True) as emu:
         req = RequestDecode(adapter, prompt, DecodeConfig(max_gen_toks=gen, temperature=T, lookahead=lookahead), 3,
@@ -110,7 +110,7 @@ def test_round_time_parts_add_up_to_the_rounds():
 
     ad = load_target(parse_args({"mode": "control"})).adapter
     torch.manual_seed(0)
-    spot = SpotProposer(FactoredOrderModel(FactoredConfig()), TreeConfig(budget=8))
+    spot = TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig())), TreeConfig(budget=8))
     res = decode(ad, list(range(10, 40)), DecodeConfig(max_gen_toks=32, lookahead=True), 0, proposer=spot)
     t = res.timing
     assert t.forward > 0 and t.draft > 0 and t.rest >= 0
@@ -123,7 +123,7 @@ def test_rejection_verifier_rounds():
     ad = load_target(parse_args({"mode": "control"})).adapter
     place(ad.model)
     torch.manual_seed(0)
-    chain = SpotProposer(FactoredOrderModel(FactoredConfig()), TreeConfig(budget=8, chain=True))
+    chain = TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig())), TreeConfig(budget=8, chain=True))
     counts = []
     with DeviceEmulation() as emu:
         req = RequestDecode(ad, list(range(10, 40)), DecodeConfig(max_gen_toks=32, temperature=1.0), 3,

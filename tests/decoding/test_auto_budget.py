@@ -12,7 +12,7 @@ from lm_eval_spot.decoding.loop import decode
 from lm_eval_spot.decoding.step_policy import (PRIOR_ACCEPT, AcceptanceRecord, LinearCost, RowCosts, StartupCosts,
                                                StepPolicy, allocate)
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 
 from helpers.targets import adapter_for, jobs_for
 
@@ -52,9 +52,9 @@ def with_clock(monkeypatch, adapter, cost) -> FakeClock:
     return clock
 
 
-def spot(budget: int = DEPTH, seed: int = 0) -> SpotProposer:
+def spot(budget: int = DEPTH, seed: int = 0) -> TreeProposer:
     torch.manual_seed(seed)
-    return SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=budget))
+    return TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig(max_block_len=16))), TreeConfig(budget=budget))
 
 
 # ---- the allocation ---------------------------------------------------------------------------------------------

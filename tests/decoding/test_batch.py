@@ -9,7 +9,7 @@ from lm_eval_spot.adapters.base import RowsCall
 from lm_eval_spot.decoding.batch import decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 
 from helpers.targets import MASK, V, adapter_for, jobs_for
 
@@ -23,7 +23,7 @@ def test_batched_outputs_equal_one_at_a_time(mode, T, scale):
     L = 8
     adapter = adapter_for(L, seed=3, scale=scale)
     torch.manual_seed(0)
-    prop = SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=5)) \
+    prop = TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig(max_block_len=16))), TreeConfig(budget=5)) \
         if mode.startswith("spot") else None
     jobs = jobs_for(L, T, prop, n=9, lookahead=mode == "spot-lookahead")
     alone = [decode(adapter, j.prompt_ids, j.cfg, j.seed, proposer=j.proposer) for j in jobs]
@@ -140,7 +140,7 @@ def test_pad_rows_makes_every_forward_one_shape_and_changes_nothing():
 
     adapter.forward_many = forward_many
     torch.manual_seed(1)
-    prop = SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=5))
+    prop = TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig(max_block_len=16))), TreeConfig(budget=5))
     for T in (0.0, 1.0):
         for p in (None, prop):
             plain = decode(adapter, [7, 8, 9], DecodeConfig(max_gen_toks=2 * L, temperature=T), 3, proposer=p)
@@ -151,6 +151,7 @@ def test_pad_rows_makes_every_forward_one_shape_and_changes_nothing():
             assert padded.token_ids == plain.token_ids and padded.nfe.total == plain.nfe.total
     with pytest.raises(ValueError, match="pad_rows"):
         decode(adapter, [7], DecodeConfig(max_gen_toks=L, pad_rows=3), 3,
-               proposer=SpotProposer(FactoredOrderModel(FactoredConfig(max_block_len=16)), TreeConfig(budget=5)))
+               proposer=TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig(max_block_len=16))),
+                                     TreeConfig(budget=5)))
 
 

@@ -14,7 +14,7 @@ from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.proposer import RoundContext
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 
 from helpers.reference import reference_decode
 from helpers.targets import CASES, EOS, MASK, V, Log, make, prompt_of
@@ -81,7 +81,7 @@ def test_spot_with_random_and_lying_drafters_equals_the_reference(case, T):
     assert control.token_ids == ref
     torch.manual_seed(seed)
     drafter = FactoredOrderModel(FactoredConfig(max_block_len=max(L, 16)))
-    for proposer in (SpotProposer(drafter, TreeConfig(budget=6)), Liar(log, 6, wrong_every=3),
+    for proposer in (TreeProposer(LearnedOrder(drafter), TreeConfig(budget=6)), Liar(log, 6, wrong_every=3),
                      Liar(log, 6, wrong_every=1)):
         spec = decode(adapter, prompt, cfg, seed=noise, proposer=proposer)
         assert spec.token_ids == ref, type(proposer).__name__

@@ -17,7 +17,7 @@ from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.proposer import RoundContext
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, StaleConfidenceOrder, TreeConfig, TreeProposer
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
 
 from helpers.reference import _forward as full_forward
 from helpers.reference import reference_decode
@@ -104,7 +104,7 @@ def test_lookahead_never_changes_the_output(case, T):
     off = DecodeConfig(max_gen_toks=n, temperature=T)
     torch.manual_seed(seed)
     drafter = FactoredOrderModel(FactoredConfig(max_block_len=max(L, 16)))
-    for make_prop in (lambda: SpotProposer(drafter, TreeConfig(budget=6)),
+    for make_prop in (lambda: TreeProposer(LearnedOrder(drafter), TreeConfig(budget=6)),
                       lambda: TreeProposer(StaleConfidenceOrder(), TreeConfig(budget=L)),
                       lambda: TrueChain(log, 3), lambda: TrueChain(log, L, stale_only=False)):
         res = decode(adapter, prompt, on, seed=noise, proposer=make_prop())
@@ -161,7 +161,7 @@ def test_batched_decoding_with_lookahead_equals_one_at_a_time(T):
     cfg = DecodeConfig(max_gen_toks=3 * L, temperature=T, lookahead=True)
     torch.manual_seed(0)
     drafter = FactoredOrderModel(FactoredConfig(max_block_len=16))
-    prop = SpotProposer(drafter, TreeConfig(budget=L))
+    prop = TreeProposer(LearnedOrder(drafter), TreeConfig(budget=L))
     jobs = [DecodeJob(p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
     alone = [decode(adapter, j.prompt_ids, j.cfg, j.seed, proposer=prop) for j in jobs]
     together = decode_many(adapter, jobs, batch_size=3)

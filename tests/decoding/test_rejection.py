@@ -11,7 +11,7 @@ from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.rejection import rejection_verify
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 
 from helpers.stats import chi_square_p
 from helpers.tiny import build_model
@@ -51,7 +51,7 @@ def test_decode_with_rejection_matches_control_distribution():
     ad = BlockCausalAdapter(build_model(V, seed=5, block_length=L), TargetInfo(MASK, frozenset(), L, "zero", True, V))
     torch.manual_seed(0)
     drafter = OrderModel(OrderModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, top_k=V, max_block_len=L))
-    prop = SpotProposer(drafter, TreeConfig(budget=4, chain=True))
+    prop = TreeProposer(LearnedOrder(drafter), TreeConfig(budget=4, chain=True))
     cfg = DecodeConfig(max_gen_toks=6, temperature=1.0)
     n = 300
     a = torch.zeros(V)
@@ -73,7 +73,7 @@ def test_rejection_at_T0_is_the_exact_greedy_check():
     L = 8
     ad = BlockCausalAdapter(build_model(V, seed=6, block_length=L), TargetInfo(MASK, frozenset(), L, "zero", True, V))
     drafter = OrderModel(OrderModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, top_k=V, max_block_len=L))
-    prop = SpotProposer(drafter, TreeConfig(budget=3, chain=True))
+    prop = TreeProposer(LearnedOrder(drafter), TreeConfig(budget=3, chain=True))
     cfg = DecodeConfig(max_gen_toks=12, temperature=0.0)
     assert decode(ad, [3], cfg, 1, proposer=prop, verify="rejection").token_ids == decode(ad, [3], cfg, 1).token_ids
 

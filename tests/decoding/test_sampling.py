@@ -5,7 +5,6 @@ one-line errors before anything is decoded."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.sampling import Truncation, truncate
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 from lm_eval_spot.harness.gen_kwargs import GenKwargsError, check_gen_kwargs, parse_gen_kwargs
 from lm_eval_spot.harness.model import SpotDLM
 
@@ -134,7 +133,7 @@ def random_drafter(seed: int) -> FactoredOrderModel:
 def test_spot_equals_control_under_truncation(top_k, top_p, chain):
     adapter = tiny_adapter(L=16, seed=1)
     cfg = DecodeConfig(max_gen_toks=28, temperature=1.0, top_k=top_k, top_p=top_p, lookahead=True)
-    prop = SpotProposer(random_drafter(3), TreeConfig(budget=6, chain=chain))
+    prop = TreeProposer(LearnedOrder(random_drafter(3)), TreeConfig(budget=6, chain=chain))
     accepted = 0
     for i, prompt in enumerate(PROMPTS):
         control = decode(adapter, prompt, cfg, seed=7 + i)
@@ -151,7 +150,7 @@ def test_rejection_verifier_samples_the_truncated_law(top_k, top_p):
     adapter = tiny_adapter(L=8, seed=2)
     cfg = DecodeConfig(max_gen_toks=16, temperature=1.0, top_k=top_k, top_p=top_p)
     greedy = DecodeConfig(max_gen_toks=16)
-    prop = SpotProposer(random_drafter(5), TreeConfig(budget=4, chain=True))
+    prop = TreeProposer(LearnedOrder(random_drafter(5)), TreeConfig(budget=4, chain=True))
     for i, prompt in enumerate(PROMPTS):
         base = decode(adapter, prompt, greedy, seed=0).token_ids
         assert decode(adapter, prompt, cfg, seed=i, proposer=prop, verify="rejection").token_ids == base
@@ -217,7 +216,7 @@ def test_a_bad_kwarg_names_the_request_and_nothing_is_decoded(embedded):
 
 @pytest.mark.parametrize("bs", [1, 8])
 def test_embedded_target_spot_equals_control_with_top_k_and_top_p(embedded, bs):
-    embedded.args = replace(embedded.args, batch_size=bs)
+    embedded.sizes.batch_size = bs  # the chunk size generate_until decodes together
     n = len(embedded.generation.paired.same)
     embedded.generate_until([_req(c, i, **SAMPLE) for i, c in enumerate(CONTEXTS)])
     assert len(embedded.generation.paired.same) == n + len(CONTEXTS) and all(embedded.generation.paired.same[n:])
@@ -272,10 +271,11 @@ def _family_lm(family_dirs, fam: str, extra: dict, **kw) -> SpotDLM:
 def test_every_family_spot_equals_control_with_top_k_and_top_p(family_dirs, fam, extra):
     lm = _family_lm(family_dirs, fam, extra, control="paired", seed=3)
     for bs in (1, 8):
-        lm.args = replace(lm.args, batch_size=bs)
+        lm.sizes.batch_size = bs  # the chunk size generate_until decodes together
         n = len(lm.generation.paired.same)
         lm.generate_until([_req(c, i, **{**SAMPLE, "max_gen_toks": 12}) for i, c in enumerate(CONTEXTS)])
-        assert len(lm.generation.paired.same) == n + len(CONTEXTS) and all(lm.generation.paired.same[n:]), (fam, extra, bs)
+        same = lm.generation.paired.same
+        assert len(same) == n + len(CONTEXTS) and all(same[n:]), (fam, extra, bs)
     spot = lm.get_model_info()["spot"]
     assert (spot["top_k"], spot["top_p"], spot["exact_match_to_control"]) == (5, 0.9, 1.0)
 

@@ -12,7 +12,7 @@ from lm_eval_spot.decoding.proposer import RoundContext
 from lm_eval_spot.decoding.tree import DraftTree
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import DrafterModel, OrderModel, OrderModelConfig
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 
 from helpers.tiny import build_model
 from helpers.summaries import view
@@ -98,7 +98,7 @@ def test_random_weight_drafter_never_breaks_exactness(L, T, budget, gamma, chain
     prompt = list(range(7, 7 + 5))
     cfg = DecodeConfig(max_gen_toks=L // 2 + 12, temperature=T)  # spans two blocks
     control = decode(adapter, prompt, cfg, seed=9)
-    prop = SpotProposer(random_drafter(budget, arch), TreeConfig(budget=budget, gamma=gamma, chain=chain))
+    prop = TreeProposer(LearnedOrder(random_drafter(budget, arch)), TreeConfig(budget=budget, gamma=gamma, chain=chain))
     spec = decode(adapter, prompt, cfg, seed=9, proposer=prop)
     assert spec.token_ids == control.token_ids
     assert spec.stop_reason == control.stop_reason
@@ -116,11 +116,11 @@ def test_tree_respects_budget_and_gamma(arch):
     state[:3] = 9
     ctx = RoundContext(state, state == MASK, state != MASK, view(logits), 0.0, None, MASK)
     model = random_drafter(0, arch)
-    full = SpotProposer(model, TreeConfig(budget=12)).propose(ctx)
+    full = TreeProposer(LearnedOrder(model), TreeConfig(budget=12)).propose(ctx)
     assert full.size == 12
-    floor = SpotProposer(model, TreeConfig(budget=12, gamma=0.2)).propose(ctx)
+    floor = TreeProposer(LearnedOrder(model), TreeConfig(budget=12, gamma=0.2)).propose(ctx)
     assert floor.size < 12
-    chain = SpotProposer(model, TreeConfig(budget=6, chain=True)).propose(ctx)
+    chain = TreeProposer(LearnedOrder(model), TreeConfig(budget=6, chain=True)).propose(ctx)
     assert chain.parent == (0, 1, 2, 3, 4, 5)
     # drafted slots are masked ones, and a path never commits one slot twice
     for tree in (full, floor, chain):
@@ -155,7 +155,7 @@ def test_tree_is_the_exact_top_budget_by_prefix_mass(arch, budget):
     state = torch.full((L,), MASK)
     state[[0, 2, 5]] = 9
     ctx = RoundContext(state, state == MASK, state != MASK, view(logits), 0.0, None, MASK)
-    prop = SpotProposer(random_drafter(1, arch), TreeConfig(budget=budget))
+    prop = TreeProposer(LearnedOrder(random_drafter(1, arch)), TreeConfig(budget=budget))
     tree = prop.propose(ctx)
     probs = torch.softmax(logits, -1)
     top = probs.topk(2, -1)

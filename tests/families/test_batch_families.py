@@ -17,7 +17,7 @@ from lm_eval_spot.settings.args import parse_args
 from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 from lm_eval_spot.families import load_target
 
 from helpers.remote_fixtures import build_remote, needs_remote, save_checkpoint, tokenizer_mask_id
@@ -122,7 +122,7 @@ def jobs_for(adapter, T: float, proposer) -> list[DecodeJob]:
 def test_batch_sizes_4_and_8_equal_one_at_a_time_with_the_promised_forwards(loaded, fam, impl, mode, T, method):
     ad = loaded(fam, impl, mode)
     torch.manual_seed(0)
-    prop = SpotProposer(FactoredOrderModel(FactoredConfig()), TreeConfig(budget=4)) if method == "spot" else None
+    prop = TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig())), TreeConfig(budget=4)) if method == "spot" else None
     jobs = jobs_for(ad, T, prop)
     alone = [decode(ad, j.prompt_ids, j.cfg, j.seed, proposer=j.proposer) for j in jobs]
     for bs in (4, 8):

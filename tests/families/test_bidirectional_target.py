@@ -96,7 +96,7 @@ def test_spot_equals_control_on_the_bidirectional_target(bidirectional_target, T
     from lm_eval_spot.settings.args import parse_args
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-    from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+    from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
     from lm_eval_spot.families import load_target
 
     _, final = bidirectional_target
@@ -108,7 +108,7 @@ def test_spot_equals_control_on_the_bidirectional_target(bidirectional_target, T
         prompt = tok.encode(gen.make_prompt(q["question"]), add_special_tokens=False)
         cfg = DecodeConfig(max_gen_toks=24, temperature=T)
         ctrl = decode(adapter, prompt, cfg, seed=i)
-        spot = decode(adapter, prompt, cfg, seed=i, proposer=SpotProposer(drafter, TreeConfig(budget=6)))
+        spot = decode(adapter, prompt, cfg, seed=i, proposer=TreeProposer(LearnedOrder(drafter), TreeConfig(budget=6)))
         assert spot.token_ids == ctrl.token_ids
         assert spot.nfe.total <= ctrl.nfe.total
 
@@ -124,7 +124,7 @@ def test_batch_sizes_4_and_8_equal_one_at_a_time_on_the_bidirectional_target(bid
     from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-    from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+    from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
     from lm_eval_spot.families import load_target
 
     _, final = bidirectional_target
@@ -135,7 +135,7 @@ def test_batch_sizes_4_and_8_equal_one_at_a_time_on_the_bidirectional_target(bid
     # The task's prompts have one length: some lose their first tokens, so canvases differ in prompt and length.
     prompts = [tok.encode(gen.make_prompt(q["question"]), add_special_tokens=False)[i % 3:]
                for i, q in enumerate(gen.make_split("test", 8))]
-    for prop in (None, SpotProposer(drafter, TreeConfig(budget=4))):
+    for prop in (None, TreeProposer(LearnedOrder(drafter), TreeConfig(budget=4))):
         jobs = [DecodeJob(p, DecodeConfig(max_gen_toks=8 + 8 * (i % 3), temperature=T), seed=i, proposer=prop)
                 for i, p in enumerate(prompts)]
         alone = [decode(adapter, j.prompt_ids, j.cfg, j.seed, proposer=prop) for j in jobs]

@@ -14,7 +14,7 @@ from lm_eval_spot.decoding.batch import DecodeJob, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import load_drafter
-from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 from lm_eval_spot.families import load_target
 
 from helpers.reference import reference_decode
@@ -141,7 +141,7 @@ def test_spot_equals_control(loaded, fam, impl, T, drafter):
     cfg = cfg_of(T, n=ad.info.block_len + 6)  # spans two blocks
     for prompt in ([30, 31, 32], list(range(40, 49))):
         control = decode(ad, prompt, cfg, seed=8)
-        spot = decode(ad, prompt, cfg, seed=8, proposer=SpotProposer(model, TreeConfig(budget=6)))
+        spot = decode(ad, prompt, cfg, seed=8, proposer=TreeProposer(LearnedOrder(model), TreeConfig(budget=6)))
         assert spot.token_ids == control.token_ids
         assert spot.nfe.total <= control.nfe.total
 
@@ -154,7 +154,7 @@ def test_batched_requests_equal_one_at_a_time(loaded, fam, impl, T, method):
     ad = loaded(fam, impl).adapter
     prompts = [[50, 51], list(range(60, 60 + ad.info.block_len + 2)), [70, 71, 72, 73, 74]]
     cfg = DecodeConfig(max_gen_toks=ad.info.block_len + 6, temperature=T, lookahead=True)
-    prop = SpotProposer(random_drafter(5), TreeConfig(budget=4)) if method == "spot" else None
+    prop = TreeProposer(LearnedOrder(random_drafter(5)), TreeConfig(budget=4)) if method == "spot" else None
     alone = [decode(ad, p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
     jobs = [DecodeJob(p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
     together = decode_many(ad, jobs, batch_size=3)

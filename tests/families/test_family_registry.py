@@ -186,7 +186,7 @@ def test_bidirectional_native_paths_without_any_remote_code(tmp_path, fam):
 
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
-    from lm_eval_spot.drafter.spot_proposer import SpotProposer, TreeConfig
+    from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
     from helpers.remote_fixtures import TOKENIZER, TOKENIZER_FILES
 
     mask = tokenizer_mask_id()
@@ -231,7 +231,7 @@ def test_bidirectional_native_paths_without_any_remote_code(tmp_path, fam):
     want = raw[:, 4:8] if fam == "dream" else raw[:, 5:9]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     torch.manual_seed(0)
-    prop = SpotProposer(FactoredOrderModel(FactoredConfig()), TreeConfig(budget=4))
+    prop = TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig())), TreeConfig(budget=4))
     for T in (0.0, 1.0):
         cfg_ = DecodeConfig(max_gen_toks=10, temperature=T)
         assert decode(ad, prompt, cfg_, seed=3, proposer=prop).token_ids == decode(ad, prompt, cfg_, seed=3).token_ids
