@@ -42,6 +42,7 @@ COST_DECAY = 0.98  # per observation, for the learned costs: about 50 observatio
 # lookahead adds, a drafting round's verification, another process's load), and a choice that the estimates put
 # a few percent ahead measured a few percent behind (embedded target, batch size 8: +4% estimated, -6% measured).
 MIN_GAIN = 0.10
+DEPTH_TOLERANCE = 0.02  # see `allocate`: a deeper tree is taken when its estimate is within 2% of the best one
 # While nothing pays, the full choice backs off: after the m-th choice in a row that drafted nothing, the next
 # min(2^(m-1), IDLE_EVERY) - 1 steps skip it (its inputs move slowly; at batch size 8 on this CPU a step costs ~11 ms
 # and the choice ~0.15 ms). One zero choice costs no skipped step: at batch size 1 on the embedded target a choice
@@ -244,6 +245,13 @@ def allocate(gains: np.ndarray, base_rows: int, forward: RowCosts | Sequence[flo
     rate = (n + top) / (base + host_ms + scale * (fwd - base + ks * fixed + ks * ds * node))
     k, d = np.unravel_index(int(np.argmax(rate)), rate.shape)
     if rate[k, d] <= best_rate * (1.0 + min_gain) or top[k, d] <= 0:
+        return [0] * n
+    # Near its best the rate is flat in the depth (batch size 1, embedded target: D = 6..10 within 3%), and the
+    # deep ranks' acceptances are the least known (rarely tried, capped by the shallower ones): among the choices
+    # within DEPTH_TOLERANCE of the best, the deepest trees (same number of drafting requests) are taken.
+    near = np.nonzero((rate[k] >= rate[k, d] * (1.0 - DEPTH_TOLERANCE)) & (rate[k] > best_rate * (1.0 + min_gain)))[0]
+    d = int(near.max())
+    if top[k, d] <= 0:
         return [0] * n
     out = [0] * n
     for i in order[: k + 1, d]:
