@@ -1,10 +1,10 @@
 """Several requests through the target together: a step loop over a set of live requests.
 
 Each live request is a `RequestDecode` with its own state, noise, proposer (a shared proposer keeps no
-per-request state: a request's verdicts ride in its own round context) and stop condition. Every step asks each
-for its next round's replica states, runs them through the target in as few forwards as the adapter can
-(`TargetAdapter.forward_many`: one shared forward for every live request, their pending blocks and lookahead
-rows included), and applies each request's round. Finished requests leave and queued ones join, so the batch
+per-request state: each round's verdict reaches it through `LearnsFromVerdicts.on_verdict`) and stop condition.
+Every step asks each for its next round's replica states, runs them through the target in as few forwards as the
+adapter can (`TargetAdapter.forward_many`: one shared forward for every live request, their pending blocks and
+lookahead rows included), and applies each request's round. Finished requests leave and queued ones join, so the batch
 stays full. A request's output never depends on its batch-mates: its rows' arithmetic is its own.
 """
 
