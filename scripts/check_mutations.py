@@ -11,6 +11,7 @@ mutation that leaves every test passing is reported as SURVIVED and the command 
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ TESTS = ["tests/decoding/test_decoder_reference.py", "tests/decoding/test_spot_e
          "tests/decoding/test_control_decoder.py", "tests/decoding/test_lookahead.py", "tests/drafter/test_host_drafter.py",
          "tests/decoding/test_auto_budget.py", "tests/adapters/test_fused_attention.py", "tests/adapters/test_round_syncs.py",
          "tests/likelihood/test_likelihood.py", "tests/decoding/test_batch.py", "tests/decoding/test_sampling.py",
-         "tests/drafter/test_online.py", "tests/families/test_batch_families.py"]
+         "tests/drafter/test_online.py", "tests/families/test_batch_families.py", "tests/drafter/test_drafter.py"]
 
 MUTATIONS: list[tuple[str, str, str, str]] = [
     ("verifier accepts a drafted edge on its position alone", "lm_eval_spot/decoding/tree.py",
@@ -140,6 +141,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "out[a:b] = inner.attend(layer, q[a:b], k[a:b], v[a:b], scaling)"),
     ("remote batch: a request stores its batch-mate's pending keys", "lm_eval_spot/adapters/remote_block_causal.py",
      "s._kv = cache_kv(cache, cached + P, row=a)", "s._kv = cache_kv(cache, cached + P, row=0)"),
+    ("the oracle drafts before its request's control decode ran", "lm_eval_spot/harness/generation.py",
+     "if control_first or source.reads_control else", "if control_first else"),
 ]
 
 
@@ -167,6 +170,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", type=int, nargs="*", help="1-based mutation numbers")
     args = ap.parse_args()
+    # A killed run must still restore the mutated file: SIGTERM becomes SystemExit, so `run`'s finally runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     picks = [i - 1 for i in args.only] if args.only else range(len(MUTATIONS))
     survived = [i + 1 for i in picks if not run(i)]
     sys.exit(1 if survived else 0)

@@ -6,9 +6,12 @@ ends, so its NFE and wall clock are the ceilings the paper reports.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
-from lm_eval_spot.decoding.proposer import RoundContext
+from lm_eval_spot.decoding.proposer import Proposer, RoundContext
 from lm_eval_spot.decoding.stale import Stale
 from lm_eval_spot.decoding.tree import DraftTree
 
@@ -43,3 +46,28 @@ class OracleProposer:
         k = next((i for i, (p, _) in enumerate(commits) if int(ctx.state[p]) == ctx.mask_id), len(commits))
         nxt = commits[k + 0 : k + self.budget]
         return DraftTree(tuple(range(len(nxt))), tuple(p for p, _ in nxt), tuple(t for _, t in nxt))
+
+
+@dataclass(frozen=True)
+class OracleProposers:
+    """`mode=oracle` as a run's proposers (`decoding.proposer.RequestProposers`): each request of a chunk drafts
+    the commits its own paired control decode made, `budget` at a time."""
+
+    budget: int
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise ValueError(f"budget must be >= 1, got {self.budget}")
+
+    @property
+    def reads_control(self) -> bool:
+        return True
+
+    def watch_control(self, n: int) -> list[Any] | None:
+        return [CommitLog() for _ in range(n)]
+
+    def for_chunk(self, n: int, control: list[Any] | None) -> list[Proposer | None]:
+        if control is None or len(control) != n or not all(isinstance(c, CommitLog) for c in control):
+            raise ValueError("the oracle drafts from its requests' paired control decodes: pass the CommitLogs "
+                             "watch_control gave, one per request")
+        return [OracleProposer(c, self.budget) for c in control]

@@ -39,6 +39,44 @@ class Proposer(Protocol):
     def propose(self, ctx: RoundContext) -> DraftTree: ...
 
 
+class RequestProposers(Protocol):
+    """How a run gives each request of a chunk its proposer. Most methods share one proposer (`SharedProposer`);
+    a method may instead build one per request from what that request's paired control decode commits (the
+    oracle): `watch_control` gives the observers of that decode, `for_chunk` the proposers built from them."""
+
+    @property
+    def reads_control(self) -> bool:
+        """True when the proposers are built from the paired control decode (which must then run, and first)."""
+        ...
+
+    def watch_control(self, n: int) -> list[Any] | None:
+        """One observer per request for the chunk's paired control decode, or None when nothing reads it (the
+        control decode may then run before or after the method's)."""
+        ...
+
+    def for_chunk(self, n: int, control: list[Any] | None) -> list[Proposer | None]:
+        """The n requests' proposers (None: the request decodes draft-free); `control`: the observers
+        `watch_control` gave, after the paired control decode ran."""
+        ...
+
+
+@dataclass(frozen=True)
+class SharedProposer:
+    """Every request drafts with one proposer (None: control decoding); nothing reads the paired control decode."""
+
+    proposer: Proposer | None
+
+    @property
+    def reads_control(self) -> bool:
+        return False
+
+    def watch_control(self, n: int) -> list[Any] | None:
+        return None
+
+    def for_chunk(self, n: int, control: list[Any] | None) -> list[Proposer | None]:
+        return [self.proposer] * n
+
+
 @runtime_checkable
 class LearnsFromVerdicts(Protocol):
     """A proposer that learns from the verifier (as transformers' candidate generators do through

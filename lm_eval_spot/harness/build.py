@@ -81,11 +81,11 @@ def build_parts(args: SpotArgs) -> ModelParts:
     drafting = args.mode != "control"
     stats = RunStats(mode=args.mode, budget=args.budget if drafting else None,
                      exact_prefix_cache=info.exact_prefix_cache, batch_size=args.batch_size)
-    # The oracle needs the control run of each request anyway: it is always paired.
-    paired = drafting and (args.control == "paired" or args.mode == "oracle")
+    # Proposers that read each request's control decode (the oracle) need it run anyway: always paired.
+    paired = drafting and (args.control == "paired" or choice.requests.reads_control)
     drafter_out = Path(args.drafter_out).expanduser() if args.drafter_out else None
     generation = GenerationRunner(
-        GenerationSetup(adapter, args, choice.proposer, text, recording, online, choice.policy, drafter_out,
+        GenerationSetup(adapter, args, choice.requests, text, recording, online, choice.policy, drafter_out,
                         f"rank_{ranks.rank}" if ranks.distributed else None),
         stats, PairedStats() if paired else None)
     sizes = BatchSizes(adapter, args.batch_size, args.batch_invariant, drafting, args.budget, MAX_BUDGET,

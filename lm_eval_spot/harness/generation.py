@@ -14,11 +14,10 @@ from typing import Any
 from tqdm import tqdm
 
 from lm_eval_spot.adapters.base import TargetAdapter
-from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
 from lm_eval_spot.settings.args import SpotArgs
 from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
 from lm_eval_spot.decoding.loop import DecodeResult, NonFiniteLogitsError
-from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.decoding.proposer import Proposer, RequestProposers
 from lm_eval_spot.decoding.step_policy import StepPolicy
 from lm_eval_spot.drafter.online import OnlineAdapter
 from lm_eval_spot.drafter.recording import DrafterDataWriter
@@ -42,7 +41,7 @@ ADAPT_MIN_DRAFTED = 0.1
 class GenerationSetup:
     adapter: TargetAdapter
     args: SpotArgs
-    proposer: Proposer | None  # None: control
+    proposers: RequestProposers  # each request's proposer per chunk (one shared, None for control; per request)
     text: TextDecoder  # ids -> text (and the ids the tokenizer does not know, counted per sample)
     recording: DrafterDataWriter | None  # drafter_data=
     online: OnlineAdapter | None  # adapt=online
@@ -70,7 +69,6 @@ class GenerationRunner:
         self.paired = paired  # with control=paired (always for the oracle): each request decoded draft-free too
         # Per request, in lm-eval's request order: joined with its samples file by `prompt_hash` (compare).
         self.sample_log: list[dict[str, Any]] = []
-        self.oracle = setup.args.mode == "oracle"
         self.decode_s = 0.0  # wall time of the method's own decoding calls (chunks, not requests), running total
         self.adapt_observe_s = 0.0  # recording's share of the decodes' time, for the adaptation's cost
         self.online, self.recording = setup.online, setup.recording
@@ -106,24 +104,16 @@ class GenerationRunner:
         return report
 
     def run_chunk(self, chunk: list[Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
-        """Decode a chunk of requests together; with paired control, also decode them draft-free (the oracle
-        drafts from that control run's commits)."""
-        proposer = self.setup.proposer
+        """Decode a chunk of requests together; with paired control, also decode them draft-free (first, when
+        the proposers read that decode, as the oracle does)."""
+        source, n = self.setup.proposers, len(chunk)
         if self.paired is None:
-            return self._timed_decode(chunk, [proposer] * len(chunk))
-        if self.oracle:
-            logs = [CommitLog() for _ in chunk]
-            control = self._decode_jobs(chunk, [None] * len(chunk), logs)
-            budget = self.setup.args.budget
-            assert isinstance(budget, int)
-            drafted = self._timed_decode(chunk, [OracleProposer(log_, budget) for log_ in logs])
-            for d, c in zip(drafted, control, strict=True):
-                self.paired.add(d[1], c[1])
-            return drafted
+            return self._timed_decode(chunk, source.for_chunk(n, None))
+        watch = source.watch_control(n)
         runs = {}
-        for use_proposer in (False, True) if control_first else (True, False):
-            runs[use_proposer] = (self._timed_decode(chunk, [proposer] * len(chunk)) if use_proposer
-                                  else self._decode_jobs(chunk, [None] * len(chunk)))
+        for use_proposer in (False, True) if control_first or source.reads_control else (True, False):
+            runs[use_proposer] = (self._timed_decode(chunk, source.for_chunk(n, watch)) if use_proposer
+                                  else self._decode_jobs(chunk, [None] * n, watch))
         for d, c in zip(runs[True], runs[False], strict=True):
             self.paired.add(d[1], c[1])
         return runs[True]
@@ -182,7 +172,7 @@ class GenerationRunner:
             # The step policy prices the method's own decodes; paired control's rounds draft nothing anyway.
             drafting = any(prop is not None for prop in proposers)
             results = decode_many(self.setup.adapter, jobs, batch_size=len(jobs), tally=tally,
-                                  policy=self.setup.policy if drafting and not self.oracle else None)
+                                  policy=self.setup.policy if drafting else None)
         except NonFiniteLogitsError as err:
             from lm_eval.utils import hash_string
 

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.baselines.oracle import OracleProposers
 from lm_eval_spot.baselines.rank_graph import GraphProposer, RankGraph
 from lm_eval_spot.settings.args import SpotArgs, default_graph_path, drafter_for
 from lm_eval_spot.budget import MAX_BUDGET, build_policy
-from lm_eval_spot.decoding.proposer import Proposer
+from lm_eval_spot.decoding.proposer import Proposer, RequestProposers, SharedProposer
 from lm_eval_spot.decoding.step_policy import StepPolicy
 from lm_eval_spot.drafter.model import DrafterMismatchError, DrafterModel, load_drafter
 from lm_eval_spot.drafter.spot_proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
@@ -22,10 +23,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ProposerChoice:
-    proposer: Proposer | None
+    proposer: Proposer | None  # the run's shared proposer (None: control, or the oracle's per-request ones)
     drafter: Path | None  # the drafter folder drafting reads (None: no learned drafter)
     note: str = ""  # why the run drafts without the drafter it would have used ("" when it does not)
     policy: StepPolicy | None = None  # budget=auto: each step's drafted rows per request (None: a fixed budget)
+    per_request: RequestProposers | None = None  # set by the oracle: its proposers are built per request
+
+    @property
+    def requests(self) -> RequestProposers:
+        """How each request of a chunk gets its proposer."""
+        return self.per_request if self.per_request is not None else SharedProposer(self.proposer)
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class MethodSpec:
 
 
 def make_proposer(spec: MethodSpec, drafter: DrafterModel | None = None, graph: RankGraph | None = None) -> Proposer | None:
-    """The proposer of a mode at budget D (None for control; the oracle is built per request, see baselines).
+    """The proposer of a mode at budget D (None for control; the oracle's are built per request: `OracleProposers`).
     Under budget=auto, D is the deepest tree a round may draft and the step policy chooses below it."""
     m, D = spec.mode, spec.budget
     if m not in MODES:
@@ -74,8 +81,11 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter, batch_size: int | Non
     A drafter the user named must load; the default one (`settings.args.drafter_for`) that is missing or does not fit
     the target gives way to conf-tree, the training-free stale-confidence tree, with one warning: the run still
     drafts and stays exact."""
-    if args.mode in ("control", "oracle"):
+    if args.mode == "control":
         return ProposerChoice(None, None)
+    if args.mode == "oracle":
+        assert isinstance(args.budget, int)  # settings.args gives the oracle a fixed budget
+        return ProposerChoice(None, None, per_request=OracleProposers(args.budget))
     block_len = adapter.info.block_len
     auto = args.budget == "auto"
     budget = MAX_BUDGET if auto else args.budget

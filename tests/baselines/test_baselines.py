@@ -8,9 +8,10 @@ import torch
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.baselines.graph import GraphProposer, RankGraph, confidence_ranking, rank_sequence
-from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
+from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer, OracleProposers
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
-from lm_eval_spot.decoding.proposer import RoundContext
+from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+from lm_eval_spot.decoding.proposer import RoundContext, SharedProposer
 from lm_eval_spot.drafter.spot_proposer import StaleConfidenceOrder, TreeConfig, TreeProposer
 from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
 
@@ -88,3 +89,30 @@ def test_graph_ranks_and_pruning():
 def test_graph_roundtrip(tmp_path):
     GRAPH.save(tmp_path / "g.json")
     assert RankGraph.load(tmp_path / "g.json") == GRAPH
+
+
+def test_the_oracle_is_a_run_s_per_request_proposers_built_from_each_request_s_control_decode():
+    """The oracle enters a run as the other methods do (a `RequestProposers`): the runner decodes the chunk's
+    control first with the observers it asks for, then each request drafts its own control commits."""
+    ad = adapter_for(8, seed=5)
+    cfg = DecodeConfig(max_gen_toks=24, temperature=1.0)
+    prompts = [[3, 4, 5], list(range(6, 17)), [7]]
+    source = OracleProposers(4)
+    assert source.reads_control and not SharedProposer(None).reads_control
+    watch = source.watch_control(len(prompts))
+    control = decode_many(ad, [DecodeJob(p, cfg, 30 + i, observer=w) for i, (p, w) in enumerate(zip(prompts, watch))],
+                          batch_size=3)
+    props = source.for_chunk(len(prompts), watch)
+    spec = decode_many(ad, [DecodeJob(p, cfg, 30 + i, proposer=q) for i, (p, q) in enumerate(zip(prompts, props))],
+                       batch_size=3)
+    for c, s_ in zip(control, spec, strict=True):
+        assert s_.token_ids == c.token_ids
+        assert sum(s_.accepted) == sum(s_.drafted) > 0  # its own request's commits: every drafted state accepted
+    # Proposers built from another request's control decode are not that request's oracle.
+    swapped = source.for_chunk(len(prompts), watch[::-1])
+    crossed = decode_many(ad, [DecodeJob(p, cfg, 30 + i, proposer=q) for i, (p, q) in enumerate(zip(prompts, swapped))],
+                          batch_size=3)
+    assert any(sum(x.accepted) < sum(x.drafted) for x in crossed)
+    with pytest.raises(ValueError, match="paired control decodes"):
+        source.for_chunk(len(prompts), None)
+    assert SharedProposer(None).for_chunk(2, None) == [None, None] and SharedProposer(None).watch_control(2) is None

@@ -178,6 +178,9 @@ def test_spot_modes_paired_with_control_are_exact(tiny_target_dir, random_drafte
     assert info["budget"] == budget
     if mode == "oracle":
         assert info["mean_accepted_per_round"] > 0
+        # Each request drafts its own control decode's commits 4 at a time, so every request takes at most half
+        # its control run's forwards (also the first chunk's, whose control decode must therefore run first).
+        assert all(2 * m <= c for m, c in lm.generation.paired.nfe), lm.generation.paired.nfe
 
 
 def test_rejection_verifier_through_the_model_class(tiny_target_dir, random_drafter_dir):
