@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.budget import MAX_BUDGET, build_policy
     from lm_eval_spot.baselines.rank_graph import RankGraph
     from lm_eval_spot.settings.args import SHIPPED_DRAFTERS, default_graph_path, drafter_for, parse_args, shipped_drafter_path
-    from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+    from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
     from lm_eval_spot.decoding.loop import DecodeConfig
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.families import load_target
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             k += 1
             for mode, budget in order:
                 prop = proposer(mode, budget)  # fresh per run: budget=auto's calibration starts over
-                jobs = [DecodeJob(ids, cfg, args.seed * 1_000_003 + i, stops[i], prop)
+                jobs = [DecodeRequest(ids, cfg, args.seed * 1_000_003 + i, stops[i], prop)
                         for i, ids in enumerate(prompts)]
                 pol = policy(prop, budget, N)
                 t0 = time.perf_counter()
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pcfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=T, pad_rows=pad)
             for mode, budget in configs:
                 prop = proposer(mode, budget)
-                jobs = [DecodeJob(ids, pcfg, args.seed * 1_000_003 + i, stops[i], prop)
+                jobs = [DecodeRequest(ids, pcfg, args.seed * 1_000_003 + i, stops[i], prop)
                         for i, ids in enumerate(prompts)]
                 t0 = time.perf_counter()
                 res = decode_many(adapter, jobs, batch_size=1, policy=policy(prop, budget, 1))

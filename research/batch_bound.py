@@ -65,7 +65,7 @@ def forward_curve(adapter: Any, prompts: list[list[int]], N: int, ks: list[int],
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.settings.args import drafter_for, parse_args
-    from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+    from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
     from lm_eval_spot.decoding.loop import DecodeConfig
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.families import load_target
@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stops = [make_stop_check(detok, list(d.until)) for d in docs]
     cfg = DecodeConfig(max_gen_toks=args.max_gen_toks, temperature=args.temperature, lookahead=True)
 
-    def jobs(prop: Any) -> list[DecodeJob]:
-        return [DecodeJob(p, cfg, args.seed * 1_000_003 + i, stops[i], prop)
+    def jobs(prop: Any) -> list[DecodeRequest]:
+        return [DecodeRequest(p, cfg, args.seed * 1_000_003 + i, stops[i], prop)
                 for i, p in enumerate(prompts)]
 
     commits_per_round = {}

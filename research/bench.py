@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
     from lm_eval_spot.settings.cards import parse_model_args
     from lm_eval_spot.settings.args import drafter_for, default_graph_path
-    from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+    from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.model import load_drafter
     from lm_eval_spot.baselines.rank_graph import RankGraph
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             def run(proposer: Any = None, observer: Any = None, policy: Any = None) -> Any:
                 if policy is not None:
-                    job = DecodeJob(ids, cfg, seed, stop, proposer, observer)
+                    job = DecodeRequest(ids, cfg, seed, stop, proposer, observer)
                     return decode_many(adapter, [job], 1, policy=policy)[0]
                 return decode(adapter, ids, cfg, seed, stop_check=stop, proposer=proposer, observer=observer)
 

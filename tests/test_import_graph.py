@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("decoding", "harness.batch_size"),
     ("drafter", "baselines.rank_graph", "baselines.oracle", "budget"),
     ("families", "settings.cards"),
-    ("likelihood", "settings.proposers", "harness.jobs", "reports.summary", "harness.chat", "harness.generation"),
+    ("likelihood", "settings.proposers", "harness.planning", "reports.summary", "harness.chat", "harness.generation"),
     ("harness.model", "harness.build", "tools.check", "harness.registration", "_boot", "training", "baselines.graph",
      "likelihood.timing", "likelihood.variance"),
 ]

@@ -1,6 +1,6 @@
 """Several requests through the target together: a step loop over a set of live requests.
 
-Each live request is a `RequestDecode` with its own state, noise, proposer (a shared proposer keeps no
+Each live request is a `RequestDecoder` with its own state, noise, proposer (a shared proposer keeps no
 per-request state: each round's verdict reaches it through `LearnsFromVerdicts.on_verdict`) and stop condition.
 Every step asks each for its next round's replica states, runs them through the target in as few forwards as the
 adapter can (`TargetAdapter.forward_many`: one shared forward for every live request, their pending blocks and
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from lm_eval_spot.adapters.base import RowsCall, TargetAdapter
 from lm_eval_spot.decoding.step_policy import RequestPace, StepPolicy, StepView
-from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecode, RoundObserver,
+from lm_eval_spot.decoding.loop import (DecodeConfig, DecodeResult, NonFiniteLogitsError, RequestDecoder, RoundObserver,
                                         StopCheck)
 from lm_eval_spot.decoding.proposer import Proposer, prepare_batch
 from lm_eval_spot.transfer import sync
@@ -36,7 +36,9 @@ class StepTally:
 
 
 @dataclass(frozen=True)
-class DecodeJob:
+class DecodeRequest:
+    """What to decode for one request (the decoder's input); `decode_many` runs each as a `loop.RequestDecoder`."""
+
     prompt_ids: list[int]
     cfg: DecodeConfig
     seed: int
@@ -48,7 +50,7 @@ class DecodeJob:
 
 def decode_many(
     adapter: TargetAdapter,
-    jobs: Sequence[DecodeJob],
+    jobs: Sequence[DecodeRequest],
     batch_size: int,
     on_done: Callable[[int, DecodeResult], None] | None = None,
     tally: StepTally | None = None,
@@ -63,13 +65,13 @@ def decode_many(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     results: list[DecodeResult | None] = [None] * len(jobs)
     queue = deque(range(len(jobs)))
-    live: list[tuple[int, RequestDecode, RequestPace | None]] = []
+    live: list[tuple[int, RequestDecoder, RequestPace | None]] = []
     timed = batch_size > 1 or policy is not None  # each step's forward timed on its own (synchronised)
     while queue or live:
         while queue and len(live) < batch_size:
             i = queue.popleft()
             j = jobs[i]
-            live.append((i, RequestDecode(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
+            live.append((i, RequestDecoder(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
                                           j.verify),
                          policy.pace() if policy is not None else None))
         step_t0 = time.perf_counter()

@@ -36,7 +36,7 @@ from lm_eval_spot.decoding.types import (DecodeConfig, DecodeResult, LookaheadCo
 from lm_eval_spot.decoding.verifier import RoundAt, Verdict, Verifier
 
 # The loop's vocabulary is imported from here by most callers.
-__all__ = ["DecodeConfig", "DecodeResult", "LookaheadCount", "NonFiniteLogitsError", "RequestDecode", "RoundObserver",
+__all__ = ["DecodeConfig", "DecodeResult", "LookaheadCount", "NonFiniteLogitsError", "RequestDecoder", "RoundObserver",
            "RoundTiming", "StopCheck", "decode"]
 
 
@@ -55,7 +55,7 @@ def decode(
     verify="coupled" (state equality under shared noise): output ids equal control's for any proposer.
     verify="rejection" (chains, T > 0): accept-residual sampling; output is distributed as control's.
     """
-    req = RequestDecode(adapter, prompt_ids, cfg, seed, stop_check, proposer, observer, verify)
+    req = RequestDecoder(adapter, prompt_ids, cfg, seed, stop_check, proposer, observer, verify)
     while (states := req.next_states()) is not None:
         req.advance(*adapter.forward_many([RowsCall(req.session, states, req.ahead_row)])[0])
     assert req.result is not None
@@ -68,7 +68,7 @@ def make_verifier(rejection: bool, seed: int, cfg: DecodeConfig, link: HostLink)
     return CoupledVerifier(cfg.temperature, cfg.truncation, link)
 
 
-class RequestDecode:
+class RequestDecoder:
     """One request's decoding as a step function: `next_states()` gives the replica states of its next round
     (None once finished), `advance(logits)` takes the target's logits of those states and applies the round.
     The caller runs the forward in between, alone (`decode`) or batched with other requests (`batch.decode_many`).

@@ -15,14 +15,14 @@ from tqdm import tqdm
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.settings.args import SpotArgs
-from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
+from lm_eval_spot.decoding.batch import DecodeRequest, StepTally, decode_many
 from lm_eval_spot.decoding.loop import DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.proposer import Proposer, RequestProposers
 from lm_eval_spot.decoding.step_policy import StepPolicy
 from lm_eval_spot.drafter.online import OnlineAdapter
 from lm_eval_spot.drafter.recording import DrafterDataWriter
 from lm_eval_spot.errors import preview
-from lm_eval_spot.harness.jobs import Job
+from lm_eval_spot.harness.planning import PlannedRequest
 from lm_eval_spot.harness.until import cut_text, make_stop_check
 from lm_eval_spot.reports.run_stats import PairedStats, RunStats, nfe_by_tenth
 from lm_eval_spot.reports.summary import sample_entry, sample_stats
@@ -75,7 +75,7 @@ class GenerationRunner:
         self._drafted_share: float | None = None  # the policy's share of drafting rounds in the last chunk
         self.adapt_skipped = 0  # chunks decoded without adaptation (budget=auto drafted too little before them)
 
-    def generate(self, jobs: list[Job], batch_size: int, on_text: Callable[[Job, str], None],
+    def generate(self, jobs: list[PlannedRequest], batch_size: int, on_text: Callable[[PlannedRequest, str], None],
                  progress: bool) -> CallReport:
         """Decode `jobs` (already validated) in chunks of `batch_size`; `on_text(job, text)` as each chunk's texts
         are ready (lm-eval's cache hook). Records every sample and the call's times; flushes drafter_data and
@@ -103,7 +103,7 @@ class GenerationRunner:
             self.stats.add_call(report.wall_s, report.decode_s)
         return report
 
-    def run_chunk(self, chunk: list[Job], control_first: bool) -> list[tuple[str, DecodeResult]]:
+    def run_chunk(self, chunk: list[PlannedRequest], control_first: bool) -> list[tuple[str, DecodeResult]]:
         """Decode a chunk of requests together; with paired control, also decode them draft-free (first, when
         the proposers read that decode, as the oracle does)."""
         source, n = self.setup.proposers, len(chunk)
@@ -118,7 +118,7 @@ class GenerationRunner:
             self.paired.add(d[1], c[1])
         return runs[True]
 
-    def _timed_decode(self, chunk: list[Job], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
+    def _timed_decode(self, chunk: list[PlannedRequest], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
         """The method's own decoding of a chunk, its wall time added to the run's decoding time (with
         drafter_data, its commits recorded; with online adaptation, the drafter trained on them once the chunk is
         done: both costs are part of the time it adds)."""
@@ -156,14 +156,14 @@ class GenerationRunner:
         return out
 
     def _decode_jobs(
-        self, chunk: list[Job], proposers: list[Proposer | None], observers: list[Any] | None = None,
+        self, chunk: list[PlannedRequest], proposers: list[Proposer | None], observers: list[Any] | None = None,
         tally: StepTally | None = None,
     ) -> list[tuple[str, DecodeResult]]:
         """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`;
         `tally` adds the steps and model forwards run."""
         decode_ids = self.setup.text
         jobs = [
-            DecodeJob(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(decode_ids, job.until),
+            DecodeRequest(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(decode_ids, job.until),
                       prop, observers[i] if observers else None,
                       self.setup.args.verify if prop is not None else "coupled")
             for i, (job, prop) in enumerate(zip(chunk, proposers, strict=True))

@@ -12,7 +12,7 @@ from lm_eval_spot import __version__
 from lm_eval_spot.harness.build import build_parts
 from lm_eval_spot.harness.chat import apply_chat, chat_template_of, tokenizer_name
 from lm_eval_spot.harness.distributed import padding_count
-from lm_eval_spot.harness.jobs import Job, RequestError, plan_jobs
+from lm_eval_spot.harness.planning import PlannedRequest, RequestError, plan_requests
 from lm_eval_spot.harness.request_cache import RequestCache, run_fingerprint
 from lm_eval_spot.likelihood.harness import format_likelihood
 from lm_eval_spot.drafter.online import adapt_across_ranks
@@ -106,7 +106,7 @@ class SpotDLM(LM):
             self._log_summary()
         return out + [out[-1]] * n_pad if out else out
 
-    def _cache_text(self, job: Job, text: str) -> None:
+    def _cache_text(self, job: PlannedRequest, text: str) -> None:
         self.cache_hook.add_partial("generate_until", (job.context, job.raw_kwargs), text)
 
     def _log_summary(self) -> None:
@@ -124,8 +124,8 @@ class SpotDLM(LM):
         return RankPart(gen.stats, gen.paired, gen.sample_log, self._cache_served(), self.likelihood.stats,
                         self.likelihood.samples, gen.adapt_summary(self.rank))
 
-    def _plan(self, requests: list[Any]) -> list[Job]:
-        return plan_jobs(requests, self.encode, self.tokenizer, self.adapter.info, self.args, self.base_seed,
+    def _plan(self, requests: list[Any]) -> list[PlannedRequest]:
+        return plan_requests(requests, self.encode, self.tokenizer, self.adapter.info, self.args, self.base_seed,
                          self.sizes.pad_rows)
 
     # ---- pieces -----------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from lm_eval_spot.adapters.base import TargetAdapter, positions_needed
 from lm_eval_spot.settings.args import SpotArgs, SpotUserError
-from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig
 from lm_eval_spot.decoding.noise import mix_seed
 from lm_eval_spot.errors import preview
@@ -112,7 +112,7 @@ class LikelihoodRunner:
         flags = [False] * len(pairs)
         if not need:
             return flags
-        jobs = [DecodeJob(list(ctx), DecodeConfig(max_gen_toks=n, temperature=0.0, lookahead=False),
+        jobs = [DecodeRequest(list(ctx), DecodeConfig(max_gen_toks=n, temperature=0.0, lookahead=False),
                           mix_seed(self.setup.base_seed, "greedy", ctx, n)) for ctx, n in need]
         results = decode_many(self.setup.adapter, jobs, batch_size=self.setup.batch_size())
         for idx, r in zip(need.values(), results, strict=True):

@@ -12,7 +12,7 @@ import torch
 from lm_eval_spot.adapters.base import RowsCall, TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.settings.args import parse_args
-from lm_eval_spot.decoding.loop import DecodeConfig, RequestDecode
+from lm_eval_spot.decoding.loop import DecodeConfig, RequestDecoder
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 from lm_eval_spot.families import load_target
@@ -32,7 +32,7 @@ def per_round(adapter, prompt, T: float, spot: bool, lookahead: bool = True, gen
     proposer = TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig())), TreeConfig(budget=8)) if spot else None
     counts = []
     with DeviceEmulation(keep_stacks=True) as emu:
-        req = RequestDecode(adapter, prompt, DecodeConfig(max_gen_toks=gen, temperature=T, lookahead=lookahead), 3,
+        req = RequestDecoder(adapter, prompt, DecodeConfig(max_gen_toks=gen, temperature=T, lookahead=lookahead), 3,
                             proposer=proposer)
         emu.reset()
         while (states := req.next_states()) is not None:
@@ -126,7 +126,7 @@ def test_rejection_verifier_rounds():
     chain = TreeProposer(LearnedOrder(FactoredOrderModel(FactoredConfig())), TreeConfig(budget=8, chain=True))
     counts = []
     with DeviceEmulation() as emu:
-        req = RequestDecode(ad, list(range(10, 40)), DecodeConfig(max_gen_toks=32, temperature=1.0), 3,
+        req = RequestDecoder(ad, list(range(10, 40)), DecodeConfig(max_gen_toks=32, temperature=1.0), 3,
                             proposer=chain, verify="rejection")
         emu.reset()
         while (states := req.next_states()) is not None:

@@ -10,7 +10,7 @@ from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.baselines.graph import GraphProposer, RankGraph, confidence_ranking, rank_sequence
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer, OracleProposers
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
-from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
 from lm_eval_spot.decoding.proposer import RoundContext, SharedProposer
 from lm_eval_spot.drafter.spot_proposer import StaleConfidenceOrder, TreeConfig, TreeProposer
 from lm_eval_spot.settings.proposers import MethodSpec, make_proposer
@@ -100,17 +100,17 @@ def test_the_oracle_is_a_run_s_per_request_proposers_built_from_each_request_s_c
     source = OracleProposers(4)
     assert source.reads_control and not SharedProposer(None).reads_control
     watch = source.watch_control(len(prompts))
-    control = decode_many(ad, [DecodeJob(p, cfg, 30 + i, observer=w) for i, (p, w) in enumerate(zip(prompts, watch))],
+    control = decode_many(ad, [DecodeRequest(p, cfg, 30 + i, observer=w) for i, (p, w) in enumerate(zip(prompts, watch))],
                           batch_size=3)
     props = source.for_chunk(len(prompts), watch)
-    spec = decode_many(ad, [DecodeJob(p, cfg, 30 + i, proposer=q) for i, (p, q) in enumerate(zip(prompts, props))],
+    spec = decode_many(ad, [DecodeRequest(p, cfg, 30 + i, proposer=q) for i, (p, q) in enumerate(zip(prompts, props))],
                        batch_size=3)
     for c, s_ in zip(control, spec, strict=True):
         assert s_.token_ids == c.token_ids
         assert sum(s_.accepted) == sum(s_.drafted) > 0  # its own request's commits: every drafted state accepted
     # Proposers built from another request's control decode are not that request's oracle.
     swapped = source.for_chunk(len(prompts), watch[::-1])
-    crossed = decode_many(ad, [DecodeJob(p, cfg, 30 + i, proposer=q) for i, (p, q) in enumerate(zip(prompts, swapped))],
+    crossed = decode_many(ad, [DecodeRequest(p, cfg, 30 + i, proposer=q) for i, (p, q) in enumerate(zip(prompts, swapped))],
                           batch_size=3)
     assert any(sum(x.accepted) < sum(x.drafted) for x in crossed)
     with pytest.raises(ValueError, match="paired control decodes"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
 from lm_eval_spot.decoding.loop import decode
 from lm_eval_spot.decoding.step_policy import (PRIOR_ACCEPT, AcceptanceRecord, LinearCost, RowCosts, StartupCosts,
                                                StepPolicy, allocate)
@@ -209,7 +209,7 @@ def test_a_drafter_that_is_often_wrong_drafts_less_than_one_that_is_right(monkey
         with_clock(monkeypatch, adapter, cost)
         policy = StepPolicy(startup(cost), DEPTH, 64)
         props = [spot(seed=7) if name == "random" else OracleProposer(lg, DEPTH, stale_only=True) for lg in logs]
-        run = [DecodeJob(j.prompt_ids, j.cfg, j.seed, proposer=p) for j, p in zip(jobs, props, strict=True)]
+        run = [DecodeRequest(j.prompt_ids, j.cfg, j.seed, proposer=p) for j, p in zip(jobs, props, strict=True)]
         out = decode_many(adapter, run, 3, policy=policy)
         assert [o.token_ids for o in out] == [c.token_ids for c in control]
         drafted[name] = sum(sum(o.drafted) for o in out) / sum(o.rounds for o in out)

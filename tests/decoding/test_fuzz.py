@@ -33,7 +33,7 @@ from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
 from lm_eval_spot.decoding.step_policy import StartupCosts, StepPolicy
 from lm_eval_spot.baselines.graph import RankGraph
 from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
-from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import OrderModel, OrderModelConfig
@@ -199,7 +199,7 @@ def check_case(kind: str, c: dict) -> None:
     control = decode(adapter, prompt, cfg, c["req_seed"], stop_check=stop(), observer=log)
     proposer = make_fuzz_proposer(kind, c, log, c["L"])
     if c["mode"] == "spot-auto":
-        job = DecodeJob(prompt, cfg, c["req_seed"], stop(), proposer)
+        job = DecodeRequest(prompt, cfg, c["req_seed"], stop(), proposer)
         spec = decode_many(adapter, [job], 1, policy=StepPolicy(COSTS, c["budget"], 64))[0]
     else:
         spec = decode(adapter, prompt, cfg, c["req_seed"], stop_check=stop(), proposer=proposer)

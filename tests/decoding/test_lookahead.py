@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.decoding.proposer import RoundContext
 from lm_eval_spot.decoding.tree import DraftTree
@@ -162,7 +162,7 @@ def test_batched_decoding_with_lookahead_equals_one_at_a_time(T):
     torch.manual_seed(0)
     drafter = FactoredOrderModel(FactoredConfig(max_block_len=16))
     prop = TreeProposer(LearnedOrder(drafter), TreeConfig(budget=L))
-    jobs = [DecodeJob(p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
+    jobs = [DecodeRequest(p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
     alone = [decode(adapter, j.prompt_ids, j.cfg, j.seed, proposer=prop) for j in jobs]
     together = decode_many(adapter, jobs, batch_size=3)
     for a, b in zip(alone, together, strict=True):

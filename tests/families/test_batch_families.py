@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lm_eval_spot.settings.args import parse_args
-from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
+from lm_eval_spot.decoding.batch import DecodeRequest, StepTally, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
@@ -103,7 +103,7 @@ class Counted:
         del self.adapter.forward_many
 
 
-def jobs_for(adapter, T: float, proposer) -> list[DecodeJob]:
+def jobs_for(adapter, T: float, proposer) -> list[DecodeRequest]:
     """Nine requests: ragged prompts (1 to 13 tokens) and generation lengths; requests 0 and 1 (and 2 and 3) have
     the same prompt and generation lengths, so their forwards can share a shape."""
     gen = torch.Generator().manual_seed(4)
@@ -112,7 +112,7 @@ def jobs_for(adapter, T: float, proposer) -> list[DecodeJob]:
     for i, (plen, glen) in enumerate(lengths):
         prompt = torch.randint(5, 290, (plen,), generator=gen).tolist()
         cfg = DecodeConfig(max_gen_toks=glen, temperature=T, lookahead=True)
-        jobs.append(DecodeJob(prompt, cfg, seed=20 + i, proposer=proposer))
+        jobs.append(DecodeRequest(prompt, cfg, seed=20 + i, proposer=proposer))
     return jobs
 
 

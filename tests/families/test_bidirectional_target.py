@@ -121,7 +121,7 @@ def test_batch_sizes_4_and_8_equal_one_at_a_time_on_the_bidirectional_target(bid
     from lm_eval_spot.arith import generator as gen
     from lm_eval_spot.arith.tokenizer import build_tokenizer
     from lm_eval_spot.settings.args import parse_args
-    from lm_eval_spot.decoding.batch import DecodeJob, StepTally, decode_many
+    from lm_eval_spot.decoding.batch import DecodeRequest, StepTally, decode_many
     from lm_eval_spot.decoding.loop import DecodeConfig, decode
     from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
     from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
@@ -136,7 +136,7 @@ def test_batch_sizes_4_and_8_equal_one_at_a_time_on_the_bidirectional_target(bid
     prompts = [tok.encode(gen.make_prompt(q["question"]), add_special_tokens=False)[i % 3:]
                for i, q in enumerate(gen.make_split("test", 8))]
     for prop in (None, TreeProposer(LearnedOrder(drafter), TreeConfig(budget=4))):
-        jobs = [DecodeJob(p, DecodeConfig(max_gen_toks=8 + 8 * (i % 3), temperature=T), seed=i, proposer=prop)
+        jobs = [DecodeRequest(p, DecodeConfig(max_gen_toks=8 + 8 * (i % 3), temperature=T), seed=i, proposer=prop)
                 for i, p in enumerate(prompts)]
         alone = [decode(adapter, j.prompt_ids, j.cfg, j.seed, proposer=prop) for j in jobs]
         for bs in (4, 8):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lm_eval_spot.settings.args import parse_args
-from lm_eval_spot.decoding.batch import DecodeJob, decode_many
+from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
 from lm_eval_spot.decoding.loop import DecodeConfig, decode
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.model import load_drafter
@@ -156,7 +156,7 @@ def test_batched_requests_equal_one_at_a_time(loaded, fam, impl, T, method):
     cfg = DecodeConfig(max_gen_toks=ad.info.block_len + 6, temperature=T, lookahead=True)
     prop = TreeProposer(LearnedOrder(random_drafter(5)), TreeConfig(budget=4)) if method == "spot" else None
     alone = [decode(ad, p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
-    jobs = [DecodeJob(p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
+    jobs = [DecodeRequest(p, cfg, seed=i, proposer=prop) for i, p in enumerate(prompts)]
     together = decode_many(ad, jobs, batch_size=3)
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
     assert [r.nfe.total for r in together] == [r.nfe.total for r in alone]

@@ -7,7 +7,7 @@ import torch
 
 from lm_eval_spot.adapters.base import TargetInfo
 from lm_eval_spot.adapters.block_causal import BlockCausalAdapter
-from lm_eval_spot.decoding.batch import DecodeJob
+from lm_eval_spot.decoding.batch import DecodeRequest
 from lm_eval_spot.decoding.loop import DecodeConfig
 
 from helpers.remote_fixtures import build_remote
@@ -50,14 +50,14 @@ def adapter_for(L: int, seed: int, scale: float) -> BlockCausalAdapter:
                               TargetInfo(MASK, frozenset({EOS}), L, "zero", True, V))
 
 
-def jobs_for(L: int, T: float, proposer, n: int = 7, lookahead: bool = False) -> list[DecodeJob]:
+def jobs_for(L: int, T: float, proposer, n: int = 7, lookahead: bool = False) -> list[DecodeRequest]:
     gen = torch.Generator().manual_seed(L)
     jobs = []
     for i in range(n):
         # Ragged prefixes: prompts from empty to three blocks, different generation lengths and seeds.
         plen = int(torch.randint(0, 3 * L + 1, (1,), generator=gen))
         prompt = torch.randint(5, V, (plen,), generator=gen).tolist()
-        jobs.append(DecodeJob(prompt, DecodeConfig(max_gen_toks=L + 3 + 5 * i, temperature=T, lookahead=lookahead),
+        jobs.append(DecodeRequest(prompt, DecodeConfig(max_gen_toks=L + 3 + 5 * i, temperature=T, lookahead=lookahead),
                               seed=100 + i, proposer=proposer))
     return jobs
 

@@ -29,7 +29,10 @@ class RequestError(SpotUserError):
 
 
 @dataclass(frozen=True)
-class Job:
+class PlannedRequest:
+    """An lm-eval generate_until request, validated and planned (ids, decoding settings, stop strings, seed): the
+    harness's side of a request. The decoder receives it as a `decoding.batch.DecodeRequest`."""
+
     context: str
     prompt_ids: tuple[int, ...]
     raw_kwargs: dict[str, Any]
@@ -44,12 +47,12 @@ def request_name(req: Any) -> str:
     return f"task {task}, doc {doc}" if task is not None else f"prompt ending {preview(req.args[0])}"
 
 
-def plan_jobs(requests: Sequence[Any], encode: Callable[[str], list[int]], tokenizer: Any, info: TargetInfo,
-              args: SpotArgs, base_seed: int, pad_rows: int) -> list[Job]:
-    """Every request as a job, or the first bad one's error (nothing decoded)."""
+def plan_requests(requests: Sequence[Any], encode: Callable[[str], list[int]], tokenizer: Any, info: TargetInfo,
+                  args: SpotArgs, base_seed: int, pad_rows: int) -> list[PlannedRequest]:
+    """Every request planned, or the first bad one's error (nothing decoded)."""
     from lm_eval.models.utils import handle_stop_sequences
 
-    jobs: list[Job] = []
+    jobs: list[PlannedRequest] = []
     prev, k = None, 0
     ignored_truncation = 0
     for req in requests:
@@ -73,7 +76,7 @@ def plan_jobs(requests: Sequence[Any], encode: Callable[[str], list[int]], token
         prev = req
         ids = tuple(encode(context))
         check_fits(info, len(jobs), context, len(ids), max_toks)
-        jobs.append(Job(context, ids, raw_kwargs, cfg, until, mix_seed(base_seed, context, k)))
+        jobs.append(PlannedRequest(context, ids, raw_kwargs, cfg, until, mix_seed(base_seed, context, k)))
     if ignored_truncation:
         log.warning("spot-dlm: %d request(s) set top_k / top_p with greedy decoding (do_sample false or "
                     "temperature 0): greedy decoding ignores them, as transformers' does", ignored_truncation)
@@ -93,7 +96,7 @@ def check_fits(info: TargetInfo, index: int, context: str, prompt_len: int, gen_
         )
 
 
-def warn_unknown_chars(tokenizer: Any, encode: Callable[[str], list[int]], jobs: list[Job]) -> None:
+def warn_unknown_chars(tokenizer: Any, encode: Callable[[str], list[int]], jobs: list[PlannedRequest]) -> None:
     """Characters the tokenizer cannot encode become its unknown token: said once per call, with examples."""
     unk = getattr(tokenizer, "unk_token_id", None)
     hit = [j for j in jobs if unk is not None and unk in j.prompt_ids]
