@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 # With more runnable threads than cores, OpenMP's default busy-waiting slows training by >10x; passive waiting
 # degrades gracefully. Only effective when set before torch (and its OpenMP runtime) is first imported.
@@ -363,6 +364,54 @@ def evaluate(model, tok, problems: list[gen.Problem], block_len: int, max_new: i
     return {"exact_match": correct / max(1, len(samples)), "n": len(samples), "samples": samples}
 
 
+class TrainData(Protocol):
+    """What a training run reads: its tokenizer, an endless stream of (ids, prompt length) sequences whose state
+    a checkpoint keeps, and its checks (a periodic one on validation data, a final one written to eval.json).
+    `ArithData` is the spot_arith task's; `research.text_corpus.TextData` a text corpus's."""
+
+    tok: Any
+
+    def sequences(self, n: int) -> list[tuple[list[int], int]]: ...
+
+    def get_state(self) -> Any: ...
+
+    def set_state(self, state: Any) -> None: ...
+
+    def validate(self, model: Any, cfg: TrainConfig) -> str: ...
+
+    def final_eval(self, model: Any, cfg: TrainConfig) -> dict: ...
+
+
+class ArithData:
+    """spot_arith problems from the task's generator (test questions excluded); checks: exact match of greedy
+    one-commit-per-forward decoding."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.tok = build_tokenizer()
+        self.rng = random.Random(gen.TRAIN_SEED * 1000 + cfg.seed)
+        self.stream = gen.iter_problems(self.rng, exclude=gen.test_questions())
+        self.val = gen.make_split("val", cfg.val_n)
+
+    def sequences(self, n: int) -> list[tuple[list[int], int]]:
+        return [encode_problem(self.tok, next(self.stream)) for _ in range(n)]
+
+    def get_state(self) -> Any:
+        return self.rng.getstate()
+
+    def set_state(self, state: Any) -> None:
+        self.rng.setstate(state)  # the generator reads self.rng lazily: the stream continues from here
+
+    def validate(self, model: Any, cfg: TrainConfig) -> str:
+        r = evaluate(model, self.tok, self.val, cfg.block_len, cfg.max_new, cfg.attention)
+        return f"val exact_match {r['exact_match']:.3f} (n={r['n']})"
+
+    def final_eval(self, model: Any, cfg: TrainConfig) -> dict:
+        test = gen.make_split("test", gen.TEST_SIZE)[: cfg.eval_n]
+        r = evaluate(model, self.tok, test, cfg.block_len, cfg.max_new, cfg.attention)
+        log.info("test exact_match %.3f on the first %d test problems", r["exact_match"], r["n"])
+        return r
+
+
 # ----------------------------------------------------------------------------------------------------- checkpoints
 
 
@@ -390,20 +439,21 @@ def _run_config(cfg: TrainConfig) -> dict:
     return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_SHAPING}
 
 
-def train(cfg: TrainConfig) -> Path:
-    """Train (or resume) into cfg.out; returns the final model directory (or the out dir if stopped early)."""
+def train(cfg: TrainConfig, data: TrainData | None = None) -> Path:
+    """Train (or resume) into cfg.out on `data` (spot_arith's problems unless given); returns the final model
+    directory (or the out dir if stopped early)."""
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        return _train(cfg)
+        return _train(cfg, data if data is not None else ArithData(cfg))
     finally:
         torch.set_num_threads(prev_threads)  # a library call should not leave the process reconfigured
 
 
-def _train(cfg: TrainConfig) -> Path:
+def _train(cfg: TrainConfig, data: TrainData) -> Path:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
+    tok = data.tok
     L = cfg.block_len
 
     torch.manual_seed(cfg.seed)
@@ -416,7 +466,6 @@ def _train(cfg: TrainConfig) -> Path:
         lr=cfg.lr,
         betas=(0.9, 0.98),
     )
-    data_rng = random.Random(gen.TRAIN_SEED * 1000 + cfg.seed)
     mask_gen = torch.Generator().manual_seed(cfg.seed)
     step, total, train_s = 0, cfg.steps, 0.0
 
@@ -435,15 +484,13 @@ def _train(cfg: TrainConfig) -> Path:
                              "another --out")
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
-        data_rng.setstate(state["data_rng"])
+        data.set_state(state["data_rng"])
         mask_gen.set_state(state["mask_gen"])
         step, total, train_s = state["step"], state["total"], state["train_s"]
         log.info("resumed from %s at step %d / %d", ckpt_path, step, total)
 
     n_params = count_params(model)
     log.info("model: %s, %d parameters; train config: %s", cfg.model, n_params, cfg)
-    stream = gen.iter_problems(data_rng, exclude=gen.test_questions())
-    val = gen.make_split("val", cfg.val_n)
 
     def checkpoint() -> None:
         save_checkpoint(
@@ -451,7 +498,7 @@ def _train(cfg: TrainConfig) -> Path:
             {
                 "model": model.state_dict(),
                 "optim": optim.state_dict(),
-                "data_rng": data_rng.getstate(),
+                "data_rng": data.get_state(),
                 "mask_gen": mask_gen.get_state(),
                 "step": step,
                 "total": total,
@@ -479,7 +526,7 @@ def _train(cfg: TrainConfig) -> Path:
             lr = lr_at(step, cfg, total)
             for group in optim.param_groups:
                 group["lr"] = lr
-            seqs = [encode_problem(tok, next(stream)) for _ in range(cfg.batch)]
+            seqs = data.sequences(cfg.batch)
             if cfg.attention == "bidirectional":
                 batch = make_bidirectional_batch(seqs, L, cfg.max_new, tok.mask_token_id, tok.eos_token_id,
                                                  cfg.mask_eps, mask_gen, cfg.full_mask_frac)
@@ -512,8 +559,7 @@ def _train(cfg: TrainConfig) -> Path:
                 )
                 loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
             if cfg.val_every and step % cfg.val_every == 0 and cfg.val_n:
-                r = evaluate(model, tok, val, L, cfg.max_new, cfg.attention)
-                log.info("step %d val exact_match %.3f (n=%d)", step, r["exact_match"], r["n"])
+                log.info("step %d %s", step, data.validate(model, cfg))
             if step % cfg.ckpt_every == 0:
                 checkpoint()
     bar.close()
@@ -536,8 +582,7 @@ def _train(cfg: TrainConfig) -> Path:
 
     if cfg.eval_n:
         t0 = time.perf_counter()
-        test = gen.make_split("test", gen.TEST_SIZE)[: cfg.eval_n]
-        r = evaluate(model, tok, test, L, cfg.max_new, cfg.attention)
+        r = data.final_eval(model, cfg)
         train_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "model"}
         r.update(
             eval_s=time.perf_counter() - t0,
@@ -548,7 +593,7 @@ def _train(cfg: TrainConfig) -> Path:
             train_config=train_config,
         )
         (out / "eval.json").write_text(json.dumps(r, indent=1) + "\n")
-        log.info("test exact_match %.3f on the first %d test problems (%.0f s)", r["exact_match"], r["n"], r["eval_s"])
+        log.info("final evaluation took %.0f s: %s", r["eval_s"], out / "eval.json")
     return final
 
 
