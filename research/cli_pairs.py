@@ -11,6 +11,9 @@ another as separate lm_eval processes, their order rotated from one cell to the 
 again in the reverse order (A B B A), so machine drift spreads over all of them; a configuration's speed is the
 mean of its repeats. Every run logs its samples, and each configuration's generations are compared with control's.
 Writes results.json and table.md (ratios against control of the same target, T and N).
+
+`--task gsm8k --num-fewshot 0 --data-dir ../shared/data` runs a stock lm-eval task instead of spot_arith, from the
+staged datasets (each lm_eval process runs in that folder, offline).
 """
 
 from __future__ import annotations
@@ -29,25 +32,30 @@ log = logging.getLogger("research.cli_pairs")
 
 
 def run_one(pretrained: str, model_args: str, T: float, N: int, limit: int, max_gen: int | None, out: Path,
-            threads: int | None) -> dict[str, Any]:
+            threads: int | None, task: str = "spot_arith", num_fewshot: int | None = None,
+            data_dir: Path | None = None) -> dict[str, Any]:
     """One lm_eval process; returns its `config.spot` block, its generations and its wall time."""
     args = [a for a in (f"pretrained={pretrained}" if pretrained else "", model_args) if a]
     gk = [f"temperature={T:g}", f"do_sample={'true' if T > 0 else 'false'}"] + (
         [f"max_gen_toks={max_gen}"] if max_gen else [])
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "spot-dlm", "--tasks", "spot_arith", "--device", "cpu",
+    out = out.resolve()  # the process may run in data_dir
+    cmd = [sys.executable, "-m", "lm_eval", "--model", "spot-dlm", "--tasks", task, "--device", "cpu",
            "--limit", str(limit), "--batch_size", str(N), "--gen_kwargs", ",".join(gk), "--log_samples",
-           "--output_path", str(out)] + (["--model_args", ",".join(args)] if args else [])
+           "--output_path", str(out)] + (["--model_args", ",".join(args)] if args else []) + (
+        ["--num_fewshot", str(num_fewshot)] if num_fewshot is not None else [])
     env = dict(os.environ)
+    if data_dir is not None:
+        env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=data_dir)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"lm_eval failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
     res_file = max(out.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
     spot = json.loads(res_file.read_text())["config"]["spot"]
-    samples_file = max(out.rglob("samples_spot_arith_*.jsonl"), key=lambda p: p.stat().st_mtime)
+    samples_file = max(out.rglob(f"samples_{task}_*.jsonl"), key=lambda p: p.stat().st_mtime)
     gens = {}
     for line in samples_file.read_text().splitlines():
         row = json.loads(line)
@@ -65,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for each run (default: the plugin's)")
     ap.add_argument("--repeats", type=int, default=2, help="runs per configuration and cell (A B B A order)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--task", default="spot_arith", help="an lm-eval generation task (default: spot_arith)")
+    ap.add_argument("--num-fewshot", type=int, default=None)
+    ap.add_argument("--data-dir", type=Path, default=None, help="run lm_eval offline in this folder (../shared/data)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     configs = ["mode=control", ""] + a.extra
@@ -82,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
                     for c in (order if rep % 2 == 0 else order[::-1]):
                         label = c.replace("=", "-").replace(",", "_") or "default"
                         folder = a.out / "runs" / f"{name}_T{T:g}_N{N}_{label}_r{rep}"
-                        runs[c].append(run_one(path, c, T, N, a.limit, int(mg) if mg else None, folder, a.threads))
+                        runs[c].append(run_one(path, c, T, N, a.limit, int(mg) if mg else None, folder, a.threads,
+                                               a.task, a.num_fewshot, a.data_dir.resolve() if a.data_dir else None))
                         log.info("%s T=%g N=%d %s: %.1f tok/s, NFE %.2f", name, T, N, c or "default",
                                  runs[c][-1]["spot"]["gen_tokens_per_s"], runs[c][-1]["spot"]["nfe_per_sample"])
                 speed = {c: sum(r["spot"]["gen_tokens_per_s"] for r in rs) / len(rs) for c, rs in runs.items()}
