@@ -102,3 +102,24 @@ def test_a_text_target_trains_resumes_and_runs_in_the_plugin_with_its_own_defaul
                                               {"until": ["Question:"], "max_gen_toks": 12}), 0)
         texts[mode] = lm.generate_until([req])
     assert texts["spot"] == texts["control"]
+
+
+@needs_data
+@pytest.mark.slow
+def test_cli_pairs_runs_the_stock_gsm8k_task_offline_on_a_text_target(tmp_path):
+    """The measurement driver on lm-eval's stock gsm8k (zero-shot, from ../shared/data): control and the default
+    through the lm_eval CLI, generations compared, speed ratio written."""
+    from research.cli_pairs import main as pairs
+    from research.train_text_target import main as train
+
+    out = tmp_path / "nl"
+    assert train(["--out", str(out), "--steps", "3", "--warmup", "1", "--hidden", "32", "--layers", "1", "--heads",
+                  "2", "--kv-heads", "2", "--batch", "2", "--val-every", "0", "--holdout", "4", "--samples", "0",
+                  "--max-new", "16", "--block-len", "4", "--tokenizer", "bpe:512", "--threads", "1"]) == 0
+    res = tmp_path / "pairs"
+    pairs(["--task", "gsm8k", "--num-fewshot", "0", "--data-dir", str(SHARED_DATA), "--limit", "2", "--sizes", "1",
+           "--temps", "0", "--repeats", "1", "--threads", "1", "--target", f"nl={out / 'final'}:12", "--out", str(res)])
+    rows = json.loads((res / "results.json").read_text())
+    assert [r["config"] for r in rows] == ["mode=control", "default"]
+    assert all(r["identical_to_control"] == "2/2" for r in rows) and rows[0]["nfe_per_sample"] == 12
+    assert "--tasks gsm8k" in rows[1]["command"] and "--num_fewshot 0" in rows[1]["command"]
