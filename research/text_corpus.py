@@ -159,12 +159,3 @@ def encode_packed(tok: Any, example: Example, shots: Sequence[Example], loss_fro
         return ids, len(tok.encode(first.prompt, add_special_tokens=False))
     raise ValueError(f"loss_from must be answer or first_answer, got {loss_from!r}")
 
-
-def max_shots_that_fit(tok: Any, examples: Sequence[Example], shots: int, limit: int, rng: random.Random,
-                       trials: int = 200) -> float:
-    """The share of `trials` random `shots`-shot sequences that fit in `limit` tokens (eos included)."""
-    fit = 0
-    for _ in range(trials):
-        ex = rng.sample(list(examples), shots + 1)
-        fit += len(encode_packed(tok, ex[-1], ex[:-1], "answer")[0]) <= limit
-    return fit / trials

@@ -66,6 +66,8 @@ class TextData:
         self.limit = text.max_len or cfg.model.max_positions
         self.rng = random.Random(cfg.seed * 7919 + 1)
         self.dropped = 0
+        # The held-out examples zero-shot, encoded once: every check reads the same sequences.
+        self.held_seqs = [tc.encode_packed(self.tok, e, [], "answer") for e in self.held]
 
     def _draw(self, rng: random.Random) -> tuple[list[int], int]:
         for _ in range(10_000):
@@ -96,8 +98,7 @@ class TextData:
         was = model.training
         model.eval()
         g = torch.Generator().manual_seed(1234)
-        seqs = [tc.encode_packed(self.tok, e, [], "answer") for e in self.held[:n]]
-        seqs = [s for s in seqs if len(s[0]) <= self.limit]
+        seqs = [s for s in self.held_seqs[:n] if len(s[0]) <= self.limit]
         total, count = 0.0, 0
         L, mask_id, eos = self.cfg.block_len, self.tok.mask_token_id, self.tok.eos_token_id
         for i in range(0, len(seqs), 8):
