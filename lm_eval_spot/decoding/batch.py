@@ -71,8 +71,8 @@ def decode_many(
         while queue and len(live) < batch_size:
             i = queue.popleft()
             j = jobs[i]
-            live.append((i, RequestDecoder(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer, j.observer,
-                                          j.verify),
+            live.append((i, RequestDecoder(adapter, j.prompt_ids, j.cfg, j.seed, j.stop_check, j.proposer,
+                                           j.observer, j.verify),
                          policy.pace() if policy is not None else None))
         step_t0 = time.perf_counter()
         going = [(i, req, pace) for i, req, pace in live if req.start_round()]

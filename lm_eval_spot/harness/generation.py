@@ -118,7 +118,8 @@ class GenerationRunner:
             self.paired.add(d[1], c[1])
         return runs[True]
 
-    def _timed_decode(self, chunk: list[PlannedRequest], proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
+    def _timed_decode(self, chunk: list[PlannedRequest],
+                      proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
         """The method's own decoding of a chunk, its wall time added to the run's decoding time (with
         drafter_data, its commits recorded; with online adaptation, the drafter trained on them once the chunk is
         done: both costs are part of the time it adds)."""
