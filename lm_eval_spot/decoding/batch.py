@@ -48,6 +48,24 @@ class DecodeRequest:
     verify: str = "coupled"
 
 
+class Joining(Sequence[DecodeRequest]):
+    """`n` requests, request i built by `make(i)` when it joins the batch (`decode_many` reads each job once, as
+    it joins): what a request carries (its observer) can then depend on what finished before it."""
+
+    def __init__(self, n: int, make: Callable[[int], DecodeRequest]) -> None:
+        self.n, self.make = n, make
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        if isinstance(i, slice):
+            return [self.make(k) for k in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return self.make(i % self.n)
+
+
 def decode_many(
     adapter: TargetAdapter,
     jobs: Sequence[DecodeRequest],
@@ -56,7 +74,8 @@ def decode_many(
     tally: StepTally | None = None,
     policy: StepPolicy | None = None,
 ) -> list[DecodeResult]:
-    """Decode `jobs` with up to `batch_size` of them live at once; results in job order, each equal to what
+    """Decode `jobs` with up to `batch_size` of them live at once (each job read once, as it joins, in order: a
+    finished request's place goes to the next job in the same step); results in job order, each equal to what
     `decode` gives for that job alone. `on_done(index, result)` is called as each finishes (progress, caching);
     `tally` (when given) adds the steps run and the model forwards they made (the adapter's `tally`); `policy`
     (budget=auto) chooses each live request's drafted rows per step, 0 included, and learns from what each step

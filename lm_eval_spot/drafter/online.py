@@ -2,11 +2,11 @@
 
 Every finished request hands over what its rounds verified (the same records `drafter_data=` writes: each
 commit of an accepted path with the target summary it was decided under, so never a rejected draft) into a
-bounded replay buffer; at fixed points of the request order (after each chunk of `batch_size` requests, once
-at least `every` requests are new) the adapter trains on `roots_per_request` roots per new request (in steps of
+bounded replay buffer; between decoding steps, once at least `every` requests are new (points fixed by the
+order in which requests finish) the adapter trains on `roots_per_request` roots per new request (in steps of
 `batch` roots) drawn from the buffer by its own seeded generator, then refreshes the drafter's host tables. So:
 
-- weights change only between chunks, never inside a round (every round of a chunk reads one version);
+- weights change only between steps, never inside a round (every round of a step reads one version);
 - with a fixed seed, batch size and process count the updates, hence the NFE per sample, are the same in every
   run (no wall-clock decides anything);
 - the verifier decides every commit, so outputs equal control's whatever the drafter learns.
@@ -43,7 +43,7 @@ class AdaptConfig:
     roots_per_request: int = 8  # training roots owed per finished request (each with every replay depth)
     batch: int = 32  # roots per optimizer step: small steps are overhead-bound on the CPU (1.9 ms a root at 8,
     # 0.7 at 48, b8's drafter)
-    every: int = 4  # update once this many new requests have finished (at a chunk's end): the host snapshot's
+    every: int = 4  # update once this many new requests have finished (between steps): the host snapshot's
     # refresh (about 5 ms) is paid once per update
     lr: float = 3e-4  # 1e-3 disturbed a drafter trained on its target (embedded: 1.026x its NFE); 3e-4 did not
     weight_decay: float = 0.0
@@ -131,7 +131,7 @@ class OnlineAdapter:
         self.seconds += time.perf_counter() - t0
 
     def update(self) -> bool:
-        """Train on the buffer if enough requests are new (call between chunks only). True if weights moved."""
+        """Train on the buffer if enough requests are new (call between steps only). True if weights moved."""
         if self._owed < self.cfg.every:
             return False
         t0 = time.perf_counter()
@@ -222,6 +222,6 @@ def online_adapter_for(args: SpotArgs, proposer: Any, drafter_path: Path | None,
         meta = {}
     cfg = AdaptConfig(roots_per_request=args.adapt_roots, seed=seed)
     log.info("spot-dlm: online adaptation on: the drafter (%s) fine-tunes on this run's verified commits, %d roots "
-             "per finished request in steps of %d, between chunks only (outputs stay exact)", drafter_path.name,
+             "per finished request in steps of %d, between steps only (outputs stay exact)", drafter_path.name,
              cfg.roots_per_request, cfg.batch)
     return OnlineAdapter(order.model, order.refresh, cfg, {"drafter": str(drafter_path), "meta": meta})

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.settings.args import SpotArgs
-from lm_eval_spot.decoding.batch import DecodeRequest, StepTally, decode_many
+from lm_eval_spot.decoding.batch import DecodeRequest, Joining, StepTally, decode_many
 from lm_eval_spot.decoding.loop import DecodeResult, NonFiniteLogitsError
 from lm_eval_spot.decoding.proposer import Proposer, RequestProposers
 from lm_eval_spot.decoding.step_policy import StepPolicy
@@ -30,10 +30,11 @@ from lm_eval_spot.tokens import TextDecoder
 
 log = logging.getLogger("lm_eval.spot")
 
-# Under budget=auto with adapt=auto, online adaptation (recording each commit, training between chunks) runs on a
-# chunk only when the policy drafted in at least this share of the previous chunk's rounds (so never on the first):
-# where drafting does not pay (a batch whose forward is compute-bound), a better drafter would not be used either,
-# and its cost would be pure loss. adapt=online adapts on every chunk.
+# Under budget=auto with adapt=auto, online adaptation (recording each commit, training between steps) runs on a
+# wave (`batch_size` requests in join order) only when the policy drafted in at least this share of the rounds since
+# the previous wave began (so never on the first): where drafting does not pay (a batch whose forward is
+# compute-bound), a better drafter would not be used either, and its cost would be pure loss. adapt=online adapts on
+# every wave.
 ADAPT_MIN_DRAFTED = 0.1
 
 
@@ -72,30 +73,42 @@ class GenerationRunner:
         self.decode_s = 0.0  # wall time of the method's own decoding calls (chunks, not requests), running total
         self.adapt_observe_s = 0.0  # recording's share of the decodes' time, for the adaptation's cost
         self.online, self.recording = setup.online, setup.recording
-        self._drafted_share: float | None = None  # the policy's share of drafting rounds in the last chunk
-        self.adapt_skipped = 0  # chunks decoded without adaptation (budget=auto drafted too little before them)
+        self._wave_mark: dict[int, int] | None = None  # the policy's rounds by drafted rows when the last wave began
+        self.adapt_skipped = 0  # waves decoded without adaptation (budget=auto drafted too little before them)
 
     def generate(self, jobs: list[PlannedRequest], batch_size: int, on_text: Callable[[PlannedRequest, str], None],
                  progress: bool) -> CallReport:
-        """Decode `jobs` (already validated) in chunks of `batch_size`; `on_text(job, text)` as each chunk's texts
-        are ready (lm-eval's cache hook). Records every sample and the call's times; flushes drafter_data and
-        writes drafter_out at the end."""
+        """Decode `jobs` (already validated) `batch_size` at a time; `on_text(job, text)` as each request finishes
+        (lm-eval's cache hook). Records every sample (in job order) and the call's times; flushes drafter_data and
+        writes drafter_out at the end.
+
+        Without paired control the whole call is one continuous batch: a finished request's place goes to the next
+        job at once, so a step never waits for a batch's longest request (a chunk of 8 GSM8K answers of 45-256
+        tokens ran ~1.5x the steps its mean needs: docs/benchmarks.md, "Chunked against continuous batching").
+        With paired control the call runs in segments of `batch_size` requests, each decoded by both methods in
+        the same batch, the order alternating per segment (machine drift cancels)."""
         t_call, decode_s = time.perf_counter(), self.decode_s
         texts: list[str] = [""] * len(jobs)
         text = self.setup.text
         bar = tqdm(total=len(jobs), desc=f"spot-dlm [{self.setup.args.mode}]", disable=not progress)
-        for c, start in enumerate(range(0, len(jobs), batch_size)):
-            chunk = jobs[start : start + batch_size]
-            # With paired control, which of the two runs first alternates per chunk: machine drift cancels.
-            done = self.run_chunk(chunk, c % 2 == 1)
-            for k, (job, (txt, result)) in enumerate(zip(chunk, done, strict=True)):
+        nfe_sum = [0, 0]  # the progress bar's running NFE mean (forwards, requests)
+
+        def finished(job: PlannedRequest, txt: str, result: DecodeResult) -> None:
+            on_text(job, txt)
+            nfe_sum[0] += result.nfe.total
+            nfe_sum[1] += 1
+            bar.update(1)
+            bar.set_postfix(nfe=f"{nfe_sum[0] / nfe_sum[1]:.1f}", refresh=False)
+
+        size = len(jobs) if self.paired is None else batch_size
+        for c, start in enumerate(range(0, len(jobs), max(1, size))):
+            segment = jobs[start : start + size]
+            done = self.run_segment(segment, batch_size, c % 2 == 1, finished)
+            for k, (job, (txt, result)) in enumerate(zip(segment, done, strict=True)):
                 texts[start + k] = txt
                 unknown = text.count_unknown(result.token_ids)
                 self.stats.add(sample_stats(result, unknown), job.cfg.temperature, job.cfg.top_k, job.cfg.top_p)
                 self.sample_log.append(sample_entry(job.context, result, unknown))
-                on_text(job, txt)
-                bar.update(1)
-            bar.set_postfix(nfe=f"{self.stats.nfe_mean:.1f}")
         bar.close()
         self.end_call()
         report = CallReport(texts, time.perf_counter() - t_call, self.decode_s - decode_s)
@@ -103,85 +116,117 @@ class GenerationRunner:
             self.stats.add_call(report.wall_s, report.decode_s)
         return report
 
-    def run_chunk(self, chunk: list[PlannedRequest], control_first: bool) -> list[tuple[str, DecodeResult]]:
-        """Decode a chunk of requests together; with paired control, also decode them draft-free (first, when
-        the proposers read that decode, as the oracle does)."""
-        source, n = self.setup.proposers, len(chunk)
+    def run_segment(self, segment: list[PlannedRequest], batch_size: int, control_first: bool,
+                    finished: Callable[[PlannedRequest, str, DecodeResult], None]) -> list[tuple[str, DecodeResult]]:
+        """Decode a segment of requests `batch_size` at a time, `finished(job, text, result)` as each of the
+        method's requests ends; with paired control, also decode them draft-free (first, when the proposers read
+        that decode, as the oracle does)."""
+        source, n = self.setup.proposers, len(segment)
         if self.paired is None:
-            return self._timed_decode(chunk, source.for_chunk(n, None))
+            return self._timed_decode(segment, batch_size, source.for_chunk(n, None), finished)
         watch = source.watch_control(n)
         runs = {}
         for use_proposer in (False, True) if control_first or source.reads_control else (True, False):
-            runs[use_proposer] = (self._timed_decode(chunk, source.for_chunk(n, watch)) if use_proposer
-                                  else self._decode_jobs(chunk, [None] * n, watch))
+            runs[use_proposer] = (self._timed_decode(segment, batch_size, source.for_chunk(n, watch), finished)
+                                  if use_proposer else self._decode_jobs(segment, batch_size, [None] * n, watch))
         for d, c in zip(runs[True], runs[False], strict=True):
             self.paired.add(d[1], c[1])
         return runs[True]
 
-    def _timed_decode(self, chunk: list[PlannedRequest],
-                      proposers: list[Proposer | None]) -> list[tuple[str, DecodeResult]]:
-        """The method's own decoding of a chunk, its wall time added to the run's decoding time (with
-        drafter_data, its commits recorded; with online adaptation, the drafter trained on them once the chunk is
-        done: both costs are part of the time it adds)."""
-        t0 = time.perf_counter()
-        recording, online = self.recording, self.online
-        policy = self.setup.policy
-        if online is not None and policy is not None and self.setup.args.adapt == "auto" and (
-                self._drafted_share is None or self._drafted_share < ADAPT_MIN_DRAFTED):
-            online = None
+    def _adapts_from(self, policy: StepPolicy | None) -> bool:
+        """At the first join of each wave (`batch_size` requests in join order): whether online adaptation records
+        and trains on this wave. Under budget=auto with adapt=auto, only when the policy drafted in at least
+        ADAPT_MIN_DRAFTED of the rounds since the previous wave began (so never on the first)."""
+        if self.online is None:
+            return False
+        if policy is None or self.setup.args.adapt != "auto":
+            return True
+        rows = dict(policy.report.drafted_rows)
+        before, self._wave_mark = self._wave_mark, rows
+        if before is None:
             self.adapt_skipped += 1
-        before = dict(policy.report.drafted_rows) if policy is not None else {}
-        # One recorder per request feeds both (ids unique over the run: the buffer and the shards tell requests apart).
-        source = recording if recording is not None else online
-        recs = [source.recorder() for _ in chunk] if source is not None else None
-        tally = StepTally()
-        out = self._decode_jobs(chunk, proposers, recs, tally)
-        self.stats.add_steps(tally.steps, tally.forwards)  # the method's own decoding only (not paired control's)
-        if recs is not None:
-            for rec, (_, res) in zip(recs, out, strict=True):
+            return False
+        rounds = {d: c - before.get(d, 0) for d, c in rows.items()}
+        total = sum(rounds.values())
+        if total and (total - rounds.get(0, 0)) / total >= ADAPT_MIN_DRAFTED:
+            return True
+        self.adapt_skipped += 1
+        return False
+
+    def _timed_decode(self, segment: list[PlannedRequest], batch_size: int, proposers: list[Proposer | None],
+                      finished: Callable[[PlannedRequest, str, DecodeResult], None]) -> list[tuple[str, DecodeResult]]:
+        """The method's own decoding of a segment, its wall time added to the run's decoding time. With
+        drafter_data, each request's commits are recorded; with online adaptation, each finished request's commits
+        join the buffer and the drafter trains between steps once enough are new (`OnlineAdapter.update`): never
+        inside a round, at points fixed by the order in which requests finish. Both costs are part of the time."""
+        t0 = time.perf_counter()
+        recording, online, policy = self.recording, self.online, self.setup.policy
+        recorders: dict[int, Any] = {}
+        adapting = [False]
+
+        def observer(i: int) -> Any:  # called as request i joins the batch
+            if i % batch_size == 0:
+                adapting[0] = self._adapts_from(policy)
+            source = recording if recording is not None else online if adapting[0] else None
+            if source is None:
+                return None
+            recorders[i] = (source.recorder(), adapting[0])
+            return recorders[i][0]
+
+        def done(i: int, txt: str, result: DecodeResult) -> None:
+            if i in recorders:
+                rec, adapts = recorders.pop(i)
                 t1 = time.perf_counter()
                 records = rec.result(self.setup.adapter.info.mask_id)
                 spent = time.perf_counter() - t1
                 if recording is not None:
-                    recording.add_records(records, res.observe_s + spent)
-                if online is not None:
+                    recording.add_records(records, result.observe_s + spent)
+                if online is not None and adapts:
                     online.add(records)
-                    self.adapt_observe_s += res.observe_s + spent
-        if online is not None:
-            online.update()  # between chunks: every round of the next chunk reads the new weights
-        if policy is not None:
-            rounds = {d: c - before.get(d, 0) for d, c in policy.report.drafted_rows.items()}
-            total = sum(rounds.values())
-            self._drafted_share = (total - rounds.get(0, 0)) / total if total else None
+                    self.adapt_observe_s += result.observe_s + spent
+                    online.update()  # between steps; it trains once `every` requests are new
+            finished(segment[i], txt, result)
+
+        tally = StepTally()
+        out = self._decode_jobs(segment, batch_size, proposers, observer, tally, done)
+        self.stats.add_steps(tally.steps, tally.forwards)  # the method's own decoding only (not paired control's)
         self.decode_s += time.perf_counter() - t0
         return out
 
     def _decode_jobs(
-        self, chunk: list[PlannedRequest], proposers: list[Proposer | None], observers: list[Any] | None = None,
-        tally: StepTally | None = None,
+        self, segment: list[PlannedRequest], batch_size: int, proposers: list[Proposer | None],
+        observers: list[Any] | Callable[[int], Any] | None = None, tally: StepTally | None = None,
+        done: Callable[[int, str, DecodeResult], None] | None = None,
     ) -> list[tuple[str, DecodeResult]]:
-        """Decode the chunk's requests together (one at a time when batch_size is 1); texts cut at `until`;
-        `tally` adds the steps and model forwards run."""
+        """Decode the segment's requests `batch_size` at a time (a finished one's place taken by the next); texts
+        cut at `until`; `observers` per request (a list, or a function called as request i joins); `tally` adds the
+        steps and model forwards run; `done(i, text, result)` as request i finishes."""
         decode_ids = self.setup.text
-        jobs = [
-            DecodeRequest(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(decode_ids, job.until),
-                      prop, observers[i] if observers else None,
-                      self.setup.args.verify if prop is not None else "coupled")
-            for i, (job, prop) in enumerate(zip(chunk, proposers, strict=True))
-        ]
+        verify = self.setup.args.verify
+
+        def request(i: int) -> DecodeRequest:
+            job, prop = segment[i], proposers[i]
+            obs = observers(i) if callable(observers) else observers[i] if observers else None
+            return DecodeRequest(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(decode_ids, job.until),
+                                 prop, obs, verify if prop is not None else "coupled")
+
+        def on_done(i: int, r: DecodeResult) -> None:
+            if done is not None:
+                done(i, cut_text(decode_ids(r.token_ids), segment[i].until), r)
+
         try:
             # The step policy prices the method's own decodes; paired control's rounds draft nothing anyway.
             drafting = any(prop is not None for prop in proposers)
-            results = decode_many(self.setup.adapter, jobs, batch_size=len(jobs), tally=tally,
-                                  policy=self.setup.policy if drafting else None)
+            results = decode_many(self.setup.adapter, Joining(len(segment), request), batch_size=batch_size,
+                                  tally=tally, policy=self.setup.policy if drafting else None, on_done=on_done)
         except NonFiniteLogitsError as err:
             from lm_eval.utils import hash_string
 
-            job = chunk[err.request or 0]
+            job = segment[err.request or 0]
             raise err.with_message(
                 f"spot-dlm: {err} while decoding the request whose prompt ends {preview(job.context)} "
                 f"(prompt_hash {hash_string(job.context)}); nothing of this run was written") from None
-        return [(cut_text(decode_ids(r.token_ids), job.until), r) for job, r in zip(chunk, results, strict=True)]
+        return [(cut_text(decode_ids(r.token_ids), job.until), r) for job, r in zip(segment, results, strict=True)]
 
     def end_call(self) -> None:
         """After a generate_until call: drafter_data's shards flushed (and what recording cost logged); with

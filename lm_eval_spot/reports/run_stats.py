@@ -253,8 +253,8 @@ class PairedStats:
     """Control decoded on the same request in the same process: exactness and paired ratios.
 
     The throughput ratio is per request (its tokens over its latency, method against control), then the median.
-    At batch size > 1 both members of a pair run under the same batch conditions: control decodes the same chunk
-    of requests together, in the same batch, right before or after the method (the order alternates per chunk)."""
+    At batch size > 1 both members of a pair run under the same batch conditions: control decodes the same segment
+    of requests together, in the same batch, right before or after the method (the order alternates per segment)."""
 
     nfe: list[tuple[int, int]] = field(default_factory=list)  # (method, control) per sample
     rate: list[tuple[float, float]] = field(default_factory=list)  # generated tokens / s, (method, control)

@@ -31,7 +31,7 @@ class ProposerChoice:
 
     @property
     def requests(self) -> RequestProposers:
-        """How each request of a chunk gets its proposer."""
+        """How each request of a segment gets its proposer."""
         return self.per_request if self.per_request is not None else SharedProposer(self.proposer)
 
 

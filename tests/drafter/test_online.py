@@ -136,35 +136,51 @@ def test_adapting_at_batch_size_n_stays_exact(tiny_target_dir, T):
     assert lm.generation.online.updates == 3  # one update per chunk of 4
 
 
-def test_weights_move_only_between_chunks(tiny_target_dir, monkeypatch):
-    """Every round of a chunk drafts with one weight version; the version steps once per chunk, in order."""
-    # chunks of 8 requests, an update owed every 4: an update made as requests finish would land mid-chunk
+def test_weights_move_only_between_steps_as_requests_finish(tiny_target_dir, monkeypatch):
+    """Every round of a step drafts with one weight version; the drafter trains only between steps, as requests
+    finish in the continuous batch (every 4 new ones), so the version steps several times within one batch of 8."""
     lm = SpotDLM(budget=8, pretrained=str(tiny_target_dir), adapt="online", seed=1, batch_size=8)
-    seen: list[tuple[int, int]] = []  # (chunk, version) per round that drafted
-    chunk = [-1]
-    prepare, timed = LearnedOrder.prepare, GenerationRunner._timed_decode
+    online = lm.generation.online
+    step = [0]
+    seen: list[tuple[int, int]] = []  # (step, version) per round that drafted
+    moved_after: list[int] = []  # per update that moved weights: the steps run before it
+    adapter = lm.generation.setup.adapter
+    forward, prepare, update = adapter.forward_many, LearnedOrder.prepare, online.update
+
+    def spy_forward(calls):
+        out = forward(calls)
+        step[0] += 1
+        return out
 
     def spy_prepare(self, ctx):
-        seen.append((chunk[0], lm.generation.online.version))
+        seen.append((step[0], online.version))
         return prepare(self, ctx)
 
-    def spy_timed(self, *a, **k):
-        chunk[0] += 1
-        return timed(self, *a, **k)
-
     def spy_prepare_many(self, ctxs):
-        seen.extend((chunk[0], lm.generation.online.version) for _ in ctxs)
+        seen.extend((step[0], online.version) for _ in ctxs)
         return [prepare(self, c) for c in ctxs]
 
+    def spy_update():
+        moved = update()
+        if moved:
+            moved_after.append(step[0])
+        return moved
+
+    monkeypatch.setattr(adapter, "forward_many", spy_forward)
     monkeypatch.setattr(LearnedOrder, "prepare", spy_prepare)
     monkeypatch.setattr(LearnedOrder, "prepare_many", spy_prepare_many)
-    monkeypatch.setattr(GenerationRunner, "_timed_decode", spy_timed)
+    monkeypatch.setattr(online, "update", spy_update)
     lm.generate_until(_short(24))
-    by_chunk: dict[int, set[int]] = {}
-    for c, v in seen:
-        by_chunk.setdefault(c, set()).add(v)
-    assert sorted(by_chunk) == [0, 1, 2]
-    assert [by_chunk[c] for c in range(3)] == [{0}, {1}, {2}]
+    by_step: dict[int, set[int]] = {}
+    for s, v in seen:
+        by_step.setdefault(s, set()).add(v)
+    assert all(len(v) == 1 for v in by_step.values())  # never inside a step
+    versions = [next(iter(by_step[s])) for s in sorted(by_step)]
+    assert versions == sorted(versions)
+    assert len(moved_after) == online.updates == online.version >= 4  # 24 requests, an update owed every 4
+    for k, s in enumerate(moved_after):  # each update is read from the next step on (rounds of step t: t steps before)
+        assert all(v >= k + 1 for t, v in seen if t >= s) and all(v <= k for t, v in seen if t < s)
+    assert len(set(versions)) >= 4  # updates land while the batch runs, not only where a batch of 8 would end
 
 
 @pytest.mark.parametrize("T,batch_size", [(0.0, 1), (1.0, 2)])
