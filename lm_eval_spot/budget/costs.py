@@ -13,7 +13,7 @@ import time
 import torch
 
 from lm_eval_spot.adapters.base import TargetAdapter
-from lm_eval_spot.decoding.proposer import Proposer, RoundContext
+from lm_eval_spot.decoding.proposer import DrafterOptions, Proposer, RoundContext
 from lm_eval_spot.decoding.stale import summarize
 from lm_eval_spot.decoding.step_policy import StartupCosts, StepPolicy
 from lm_eval_spot.transfer import HostLink, sync
@@ -39,7 +39,7 @@ def measure_startup(adapter: TargetAdapter, proposer: Proposer, batch_size: int,
                     repeats: int = 3, temperature: float = 0.0) -> StartupCosts:
     """Time the target on R rows of a block (after a 2-block prefix; a bidirectional target recomputes its canvas of
     prompt + gen_length, so its rows are measured at that canvas), R over `row_grid`, and the drafting of one
-    round (summary, order pass, a tree of 1 and of MAX_BUDGET nodes). Each size keeps its fastest repeat after a
+    round (summary, order pass, a tree of 1 and of MAX_BUDGET nodes), for each of a `DrafterOptions`' drafters. Each size keeps its fastest repeat after a
     warm-up: a job sharing the cores inflates some repeats at random, the minimum is the machine's cost."""
     t_start = time.perf_counter()
     info = adapter.info
@@ -60,12 +60,17 @@ def measure_startup(adapter: TargetAdapter, proposer: Proposer, batch_size: int,
                 session.block_logits(block[None].repeat(r, 1))
                 sync(dev)
                 fwd[r] = min(fwd[r], 1000 * (time.perf_counter() - t0))
-        fixed, node = _drafting_ms(adapter, proposer, block, repeats, temperature)
-    costs = StartupCosts(grid, tuple(fwd[r] for r in grid), fixed, node, time.perf_counter() - t_start)
+        options = proposer.options if isinstance(proposer, DrafterOptions) else (proposer,)
+        drafting = [_drafting_ms(adapter, p, block, repeats, temperature) for p in options]
+    (fixed, node), others = drafting[0], tuple(drafting[1:])
+    costs = StartupCosts(grid, tuple(fwd[r] for r in grid), fixed, node, time.perf_counter() - t_start, others)
     log.info("spot-dlm: budget=auto measured at start-up in %.1f s: forward %s ms; drafting %.2f ms per request "
              "and round + %.3f ms per node", costs.seconds,
              ", ".join(f"{r} rows {ms:.2f}" for r, ms in zip(grid, costs.forward_ms, strict=True)
                        if r in (1, 2, 4, 8, 16) or r == grid[-1]), fixed, node)
+    for name, (a, b) in zip(proposer.names[1:] if isinstance(proposer, DrafterOptions) else (), others, strict=True):
+        log.info("spot-dlm: budget=auto may draft with %s instead: %.2f ms per request and round + %.3f ms per node",
+                 name, a, b)
     return costs
 
 
@@ -98,4 +103,5 @@ def _drafting_ms(adapter: TargetAdapter, proposer: Proposer, block: torch.Tensor
 def build_policy(adapter: TargetAdapter, proposer: Proposer, batch_size: int, gen_length: int) -> StepPolicy:
     """The run's budget=auto policy, measured on this adapter's device."""
     costs = measure_startup(adapter, proposer, batch_size, gen_length)
-    return StepPolicy(costs, MAX_BUDGET, batch_size * (MAX_BUDGET + 2))
+    names = proposer.names if isinstance(proposer, DrafterOptions) else ("drafter",)
+    return StepPolicy(costs, MAX_BUDGET, batch_size * (MAX_BUDGET + 2), names)

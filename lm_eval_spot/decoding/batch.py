@@ -96,18 +96,20 @@ def decode_many(
         step_t0 = time.perf_counter()
         going = [(i, req, pace) for i, req, pace in live if req.start_round()]
         budgets: list[int | None] = [None] * len(going)
+        option = 0  # which of a DrafterOptions drafts this step (the policy's choice)
         if policy is not None:
-            budgets = list(policy.plan([StepView(req.can_draft, req.leads, pace.scale if pace else 1.0,
-                                                 1 + req.pending_rows, req.masked_left if req.may_look_ahead else -1)
-                                        for _, req, pace in going]))
+            chosen, option = policy.plan_step([
+                StepView(req.can_draft, req.leads, pace.scale if pace else 1.0, 1 + req.pending_rows,
+                         req.masked_left if req.may_look_ahead else -1) for _, req, pace in going])
+            budgets = list(chosen)
         drafting_s: dict[int, float] = {}
         for (i, req, _), b in zip(going, budgets, strict=True):
             t0 = time.perf_counter()
-            req.begin_drafting(b)
+            req.begin_drafting(b, option)
             drafting_s[i] = time.perf_counter() - t0
         # The drafter's per-round work for every drafting request at once (one stacked pass per order source).
         t0 = time.perf_counter()
-        prepared = prepare_batch([(req.proposer, req.draft_ctx) for _, req, _ in going])
+        prepared = prepare_batch([(req.round_proposer, req.draft_ctx) for _, req, _ in going])
         each = (time.perf_counter() - t0) / max(1, sum(p is not None for p in prepared))
         step = []
         for (i, req, pace), p in zip(going, prepared, strict=True):
@@ -132,10 +134,10 @@ def decode_many(
         if policy is not None and step:
             drafts = [(req.drafted[-1], 1000 * drafting_s[i]) for i, req, _ in going if req.drafted[-1] > 0]
             rest = time.perf_counter() - step_t0 - forward - sum(ms for _, ms in drafts) / 1000
-            policy.observe_step(total_rows, 1000 * forward, 1000 * rest, drafts)
+            policy.observe_step(total_rows, 1000 * forward, 1000 * rest, drafts, option)
             for _, req, pace in going:
                 assert pace is not None
-                policy.verdict(pace, req.drafting.led, req.drafted[-1], req.last_accepted_ranks)
+                policy.verdict(pace, req.drafting.led, req.drafted[-1], req.last_accepted_ranks, option)
         still = []
         for i, req, pace in live:
             if req.result is None:

@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from lm_eval_spot.decoding.block import BlockCursor
-from lm_eval_spot.decoding.proposer import Budgeted, LearnsFromVerdicts, Proposer, RoundContext
+from lm_eval_spot.decoding.proposer import Budgeted, DrafterOptions, LearnsFromVerdicts, Proposer, RoundContext
 from lm_eval_spot.decoding.sampling import Truncation
 from lm_eval_spot.decoding.stale import Stale, summarize
 from lm_eval_spot.transfer import HostLink
@@ -51,11 +51,15 @@ def lead(stale: Stale, eligible: torch.Tensor, temp: float) -> tuple[int, int] |
 class DraftingPhase:
     """One request's proposer across its rounds. Under rejection verification, positions come from the proposer
     at T = 0 (they never depend on sampled tokens; the verifier draws the tokens) and a block's first round drafts
-    nothing (its proposal q needs stale conditionals)."""
+    nothing (its proposal q needs stale conditionals). Given `DrafterOptions`, each round drafts with the option
+    `begin` names (the first unless told)."""
 
     def __init__(self, proposer: Proposer | None, temperature: float, truncation: Truncation | None,
                  rejection: bool, link: HostLink) -> None:
-        self.proposer, self.rejection, self.link = proposer, rejection, link
+        self.options: tuple[Proposer, ...] = (
+            proposer.options if isinstance(proposer, DrafterOptions) else (proposer,) if proposer is not None else ())
+        self.proposer = self.options[0] if self.options else None  # the round's
+        self.rejection, self.link = rejection, link
         self.temperature, self.truncation = (0.0, None) if rejection else (temperature, truncation)
         self.ctx: RoundContext | None = None  # the round's context until its tree is proposed
         self._proposed: RoundContext | None = None  # the context of the tree the proposer made this round
@@ -64,10 +68,13 @@ class DraftingPhase:
         self._budget: int | None = None
         self.asked = self.led = False
 
-    def begin(self, blocks: BlockCursor, stale_src: torch.Tensor | None, fresh: bool, budget: int | None = None
-              ) -> None:
+    def begin(self, blocks: BlockCursor, stale_src: torch.Tensor | None, fresh: bool, budget: int | None = None,
+              option: int = 0) -> None:
         """Set `ctx` for this round, or None when it drafts nothing. budget: the most nodes this round drafts
-        (a per-step policy's choice; None: the proposer's own; 0: none, and no drafter work at all)."""
+        (a per-step policy's choice; None: the proposer's own; 0: none, and no drafter work at all); option: which
+        of the `DrafterOptions` drafts it."""
+        if self.options:
+            self.proposer = self.options[option]
         self.asked = self.proposer is not None and (not self.rejection or stale_src is not None) and budget != 0
         self.stale, self._lead, self.ctx, self._budget = None, None, None, budget
         if not self.asked:

@@ -170,11 +170,15 @@ class RequestDecoder:
         target's own transition, a node all but sure to be accepted."""
         return self._fresh and not self.drafting.rejection
 
-    def begin_drafting(self, budget: int | None = None) -> None:
+    def begin_drafting(self, budget: int | None = None, option: int = 0) -> None:
         """The proposer's context for this round (`draft_ctx`). budget: the most nodes it drafts (None: the
-        proposer's own; 0: none, and no drafter work). A batch's caller may then compute the drafter's per-round
-        work for all requests at once (`plan_round`)."""
-        self.drafting.begin(self.blocks, self.stale_src, self._fresh, budget)
+        proposer's own; 0: none, and no drafter work); option: which of a `DrafterOptions` drafts. A batch's caller
+        may then compute the drafter's per-round work for all requests at once (`plan_round`)."""
+        self.drafting.begin(self.blocks, self.stale_src, self._fresh, budget, option)
+
+    @property
+    def round_proposer(self) -> Proposer | None:  # the proposer drafting this round (one of a DrafterOptions)
+        return self.drafting.proposer
 
     def plan_round(self, prepared: object = None) -> torch.Tensor:
         """Step 2: the round's forward rows: the proposer's tree (`prepared`: its order source's work for

@@ -77,6 +77,23 @@ class SharedProposer:
         return [self.proposer] * n
 
 
+@dataclass(frozen=True)
+class DrafterOptions:
+    """Several proposers of which a per-step policy (budget=auto) picks one per round (`names[k]` for
+    `options[k]`): the run's drafter and a training-free one, where the second may pay better (a cheaper host pass
+    at a similar acceptance). Used as a plain proposer it drafts with the first."""
+
+    options: tuple[Proposer, ...]
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.options or len(self.options) != len(self.names):
+            raise ValueError("DrafterOptions needs one name per option, and at least one option")
+
+    def propose(self, ctx: RoundContext) -> DraftTree:
+        return self.options[0].propose(ctx)
+
+
 @runtime_checkable
 class LearnsFromVerdicts(Protocol):
     """A proposer that learns from the verifier (as transformers' candidate generators do through

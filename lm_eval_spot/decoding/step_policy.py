@@ -60,6 +60,8 @@ class StartupCosts:
     draft_fixed_ms: float  # per drafting request and round: stale summary, the order model's encoder pass
     draft_node_ms: float  # per drafted node
     seconds: float = 0.0  # the measurement's own wall time
+    # (per request and round, per node) ms of each further drafter the policy may choose instead (`DrafterOptions`)
+    other_drafters: tuple[tuple[float, float], ...] = ()
 
     def curve(self, size: int) -> np.ndarray:
         """forward ms at 0 .. size - 1 rows: interpolated, and beyond the last point the last segment extended."""
@@ -218,6 +220,13 @@ class StepView:
 def allocate(gains: np.ndarray, base_rows: int, forward: RowCosts | Sequence[float], host_ms: float,
              draft: LinearCost | tuple[float, float], min_gain: float = MIN_GAIN,
              extra: np.ndarray | None = None, scale: float = 1.0) -> list[int]:
+    """`best_allocation`'s drafted nodes per request."""
+    return best_allocation(gains, base_rows, forward, host_ms, draft, min_gain, extra, scale)[0]
+
+
+def best_allocation(gains: np.ndarray, base_rows: int, forward: RowCosts | Sequence[float], host_ms: float,
+                    draft: LinearCost | tuple[float, float], min_gain: float = MIN_GAIN,
+                    extra: np.ndarray | None = None, scale: float = 1.0) -> tuple[list[int], float]:
     """Drafted nodes per request maximising (n + sum of the chosen gains) / (forward(base_rows + drafted rows) +
     host_ms + drafting), where a request drafting d > 0 nodes costs draft_fixed + d x draft_node of host work;
     nothing is drafted unless the best choice's rate beats a control step's by the factor 1 + min_gain.
@@ -225,13 +234,15 @@ def allocate(gains: np.ndarray, base_rows: int, forward: RowCosts | Sequence[flo
     gains [n, D]: row i the expected accepted nodes of request i's best 1 .. D nodes, each a non-increasing step
     (0 where it cannot draft); extra [n, D]: rows request i's round adds beyond its d nodes (a lookahead row);
     scale: what drafting really costs against these estimates (`DraftingCheck`), applied to its added cost. The candidates are "the k requests with the largest gain at depth d each draft d",
-    for every k and d, the forward priced at the step's TOTAL rows (a row's marginal cost, as the batch sees it)."""
+    for every k and d, the forward priced at the step's TOTAL rows (a row's marginal cost, as the batch sees it).
+    Also returns the chosen allocation's estimated rate (committed tokens per ms; a control step's when it drafts
+    nothing)."""
     n, depth = gains.shape
     fixed, node = (draft.a, draft.b) if isinstance(draft, LinearCost) else draft
     price = forward if callable(forward) else (lambda r: float(forward[min(r, len(forward) - 1)]))
     best_rate = n / (price(base_rows) + host_ms)
     if n == 0 or depth == 0 or not gains.any():
-        return [0] * n
+        return [0] * n, best_rate
     cum = np.cumsum(gains, axis=1)  # [n, D]: gain of drafting d = 1 .. D nodes
     order = np.argsort(-cum, axis=0, kind="stable")  # per depth, requests by gain (lowest index on ties)
     top = np.cumsum(np.take_along_axis(cum, order, axis=0), axis=0)  # [k - 1, d - 1]: the k best requests' gain
@@ -245,18 +256,18 @@ def allocate(gains: np.ndarray, base_rows: int, forward: RowCosts | Sequence[flo
     rate = (n + top) / (base + host_ms + scale * (fwd - base + ks * fixed + ks * ds * node))
     k, d = np.unravel_index(int(np.argmax(rate)), rate.shape)
     if rate[k, d] <= best_rate * (1.0 + min_gain) or top[k, d] <= 0:
-        return [0] * n
+        return [0] * n, best_rate
     # Near its best the rate is flat in the depth (batch size 1, embedded target: D = 6..10 within 3%), and the
     # deep ranks' acceptances are the least known (rarely tried, capped by the shallower ones): among the choices
     # within DEPTH_TOLERANCE of the best, the deepest trees (same number of drafting requests) are taken.
     near = np.nonzero((rate[k] >= rate[k, d] * (1.0 - DEPTH_TOLERANCE)) & (rate[k] > best_rate * (1.0 + min_gain)))[0]
     d = int(near.max())
     if top[k, d] <= 0:
-        return [0] * n
+        return [0] * n, best_rate
     out = [0] * n
     for i in order[: k + 1, d]:
         out[int(i)] = int(d) + 1 if cum[int(i), d] > 0 else 0
-    return out
+    return out, float(rate[k, d])
 
 
 def _table(costs: RowCosts, rows: np.ndarray) -> np.ndarray:
@@ -305,25 +316,49 @@ class PolicyReport:
     """What the run summary shows of the policy."""
 
     drafted_rows: Counter[int] = field(default_factory=Counter)  # rounds by drafted-row count (0 included)
+    by_drafter: Counter[str] = field(default_factory=Counter)  # drafting rounds by the drafter that drafted them
 
     def shares(self) -> dict[str, float]:
         total = sum(self.drafted_rows.values())
         return {str(d): round(c / total, 4) for d, c in sorted(self.drafted_rows.items())} if total else {}
 
+    def drafter_shares(self) -> dict[str, float]:
+        total = sum(self.by_drafter.values())
+        return {k: round(c / total, 4) for k, c in sorted(self.by_drafter.items())} if total else {}
+
+
+class DrafterTrack:
+    """What the policy knows of one drafter it may choose: its host cost per round and node, its acceptance by
+    rank, and how far its measured cost runs from that estimate."""
+
+    def __init__(self, name: str, fixed_ms: float, node_ms: float, max_depth: int) -> None:
+        self.name = name
+        self.draft = LinearCost(fixed_ms, node_ms)
+        self.record = AcceptanceRecord(max_depth)
+        self.check = DraftingCheck()
+
 
 class StepPolicy:
     """budget=auto: the per-step choice of drafted rows (see the module docstring). One per run; decode_many asks
-    `plan` at each step and reports what the step cost (`observe_step`) and what the verifier accepted (`verdict`)."""
+    `plan_step` at each step and reports what the step cost (`observe_step`) and what the verifier accepted
+    (`verdict`). With several drafters (`names`, their start-up costs in `StartupCosts.other_drafters`) each step
+    also chooses which one drafts: the one whose best allocation promises the most committed tokens per second,
+    each priced at its own host cost and its own acceptance record (an untried drafter's record leans back to the
+    prior, so each is tried again now and then)."""
 
-    def __init__(self, startup: StartupCosts, max_depth: int, max_rows: int) -> None:
+    def __init__(self, startup: StartupCosts, max_depth: int, max_rows: int, names: Sequence[str] = ("drafter",)
+                 ) -> None:
+        costs = ((startup.draft_fixed_ms, startup.draft_node_ms), *startup.other_drafters)
+        if len(names) != len(costs):
+            raise ValueError(f"{len(names)} drafter names for {len(costs)} measured drafters")
         self.startup, self.max_depth = startup, max_depth
         self.forward = RowCosts(startup, max_rows + 1)
-        self.draft = LinearCost(startup.draft_fixed_ms, startup.draft_node_ms)
+        self.tracks = [DrafterTrack(n, a, b, max_depth) for n, (a, b) in zip(names, costs, strict=True)]
+        # The first drafter's, by their old names (one-drafter runs and their tests read these).
+        self.draft, self.record, self.check = self.tracks[0].draft, self.tracks[0].record, self.tracks[0].check
         # The step's other host work (x: drafted nodes): its level sets what a committed token is worth, its slope
         # is verification's extra work per drafted row.
         self.rest = LinearCost(0.0, 0.0, prior=0.5)
-        self.record = AcceptanceRecord(max_depth)
-        self.check = DraftingCheck()
         self.report = PolicyReport()
         self._base_rows = 0  # the last plan's rows without drafting
         self._zeros = 0  # consecutive full choices that drafted nothing
@@ -334,54 +369,74 @@ class StepPolicy:
 
     def plan(self, views: Sequence[StepView]) -> list[int]:
         """Drafted nodes for each live request this step (0: a control round, no drafter work)."""
+        return self.plan_step(views)[0]
+
+    def plan_step(self, views: Sequence[StepView]) -> tuple[list[int], int]:
+        """Drafted nodes for each live request this step (0: a control round, no drafter work), and the index of
+        the drafter that drafts them."""
         n = len(views)
         self._base_rows = sum(v.rows for v in views)
         if self._skip > 0:
             self._skip -= 1
-            return [0] * n
+            return [0] * n, 0
         if not any(v.can_draft for v in views):
-            return [0] * n
-        rates = (self.record.rates(False), self.record.rates(True))
+            return [0] * n, 0
         zero = np.zeros(self.max_depth)
-        gains = np.array([v.scale * rates[v.led] if v.can_draft else zero for v in views])
         extra = np.array([v.extra_rows(self.max_depth) if v.ahead_at >= 0 else zero for v in views], dtype=np.int64)
-        out = allocate(gains, self._base_rows, self.forward, self.rest.a,
-                       (self.draft.a, self.draft.b + self.rest.b), extra=extra, scale=self.check.scale)
+        best: tuple[list[int], float, int] = ([0] * n, -1.0, 0)
+        for k, track in enumerate(self.tracks):
+            rates = (track.record.rates(False), track.record.rates(True))
+            gains = np.array([v.scale * rates[v.led] if v.can_draft else zero for v in views])
+            out, rate = best_allocation(gains, self._base_rows, self.forward, self.rest.a,
+                                        (track.draft.a, track.draft.b + self.rest.b), extra=extra,
+                                        scale=track.check.scale)
+            if any(out) and rate > best[1]:
+                best = (out, rate, k)
+        out, _, option = best
         self._zeros = 0 if any(out) else self._zeros + 1
         self._skip = min(2 ** (self._zeros - 1), IDLE_EVERY) - 1 if self._zeros else 0
-        return out
+        return out, option
 
     def observe_step(self, rows: int, forward_ms: float, rest_ms: float,
-                     drafting: Sequence[tuple[int, float]]) -> None:
+                     drafting: Sequence[tuple[int, float]], option: int = 0) -> None:
         """A step as it ran: its forward (total rows, ms), its other host work, and per drafting request (nodes
-        drafted, ms of its drafting work)."""
+        drafted, ms of its drafting work) with drafter `option`."""
+        track = self.tracks[option]
         nodes = sum(d for d, _ in drafting)
         base_rows = min(self._base_rows or rows, rows)
         base = self.forward(base_rows) + self.rest.a
-        added = (self.forward(rows) - self.forward(base_rows) + len(drafting) * self.draft.a
-                 + nodes * (self.draft.b + self.rest.b)) if drafting else 0.0
-        self.check.observe(forward_ms + rest_ms + sum(ms for _, ms in drafting), base, added)
+        added = (self.forward(rows) - self.forward(base_rows) + len(drafting) * track.draft.a
+                 + nodes * (track.draft.b + self.rest.b)) if drafting else 0.0
+        measured = forward_ms + rest_ms + sum(ms for _, ms in drafting)
+        for t in self.tracks:  # a step without drafting tells every drafter's check the estimates' base error
+            if t is track or not drafting:
+                t.check.observe(measured, base, added)
         self.forward.observe(rows, forward_ms)
         self.rest.observe(sum(nodes for nodes, _ in drafting), rest_ms)
         for nodes, ms in drafting:
-            self.draft.observe(nodes, ms)
-        self.record.forget()
+            track.draft.observe(nodes, ms)
+        for t in self.tracks:
+            t.record.forget()
 
-    def verdict(self, pace: RequestPace, led: bool, drafted: int, accepted_ranks: Sequence[int]) -> None:
-        """The verifier's verdict on a request's round: `drafted` nodes, the accepted ones by rank."""
+    def verdict(self, pace: RequestPace, led: bool, drafted: int, accepted_ranks: Sequence[int],
+                option: int = 0) -> None:
+        """The verifier's verdict on a request's round: `drafted` nodes by drafter `option`, the accepted ones by
+        rank."""
         self.report.drafted_rows[drafted] += 1
         if drafted == 0:
             pace.predicted *= PACE_FORGET
             pace.accepted *= PACE_FORGET
             return
-        rates = self.record.rates(led)
+        track = self.tracks[option]
+        self.report.by_drafter[track.name] += 1
+        rates = track.record.rates(led)
         pace.predicted += float(rates[:drafted].sum())
         pace.accepted += len([r for r in accepted_ranks if r <= drafted])
-        self.record.add(led, drafted, accepted_ranks)
+        track.record.add(led, drafted, accepted_ranks)
 
     def summary(self) -> dict[str, object]:
         s = self.startup
-        return {
+        out: dict[str, object] = {
             "policy": "auto (per step: drafted rows chosen by measured forward cost at the step's rows and the "
                       "verifier's acceptance record)",
             "drafted_rows_share": self.report.shares(),
@@ -392,3 +447,11 @@ class StepPolicy:
             "acceptance_by_rank": [round(float(a), 3) for a in self.record.rates(False)],
             "startup_s": round(s.seconds, 3),
         }
+        if len(self.tracks) > 1:
+            out["drafters"] = {
+                t.name: {"share_of_drafting_rounds": self.report.drafter_shares().get(t.name, 0.0),
+                         "draft_ms": {"per_request": round(t.draft.a, 3), "per_node": round(t.draft.b, 3)},
+                         "drafting_cost_vs_estimate": round(t.check.scale, 3),
+                         "acceptance_by_rank": [round(float(a), 3) for a in t.record.rates(False)]}
+                for t in self.tracks}
+        return out

@@ -229,6 +229,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         shares = pol.get("drafted_rows_share") or {}
         rows.append(("budget=auto: rounds by drafted rows", ", ".join(f"{d}: {100 * s:.0f}%" for d, s in shares.items())
                      or "none"))
+        drafters = pol.get("drafters") or {}
+        if drafters:
+            rows.append(("budget=auto: drafting rounds by drafter", ", ".join(
+                f"{name}: {100 * d['share_of_drafting_rounds']:.0f}% ({d['draft_ms']['per_request']:.2f} ms a round)"
+                for name, d in drafters.items())))
         curve = pol.get("cost_curve_ms") or {}
         shown = [r for r in curve if r in ("1", "2", "4", "8", "16")] + list(curve)[-1:]
         rows.append(("budget=auto: forward ms by rows (start-up)",

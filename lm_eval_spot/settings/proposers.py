@@ -11,7 +11,7 @@ from lm_eval_spot.baselines.oracle import OracleProposers
 from lm_eval_spot.baselines.rank_graph import GraphProposer, RankGraph
 from lm_eval_spot.settings.args import SpotArgs, default_graph_path, drafter_for
 from lm_eval_spot.budget import MAX_BUDGET, build_policy
-from lm_eval_spot.decoding.proposer import Proposer, RequestProposers, SharedProposer
+from lm_eval_spot.decoding.proposer import DrafterOptions, Proposer, RequestProposers, SharedProposer
 from lm_eval_spot.decoding.step_policy import StepPolicy
 from lm_eval_spot.drafter.model import DrafterMismatchError, DrafterModel, load_drafter
 from lm_eval_spot.drafter.spot_proposer import LearnedOrder, StaleConfidenceOrder, TreeConfig, TreeProposer
@@ -28,11 +28,16 @@ class ProposerChoice:
     note: str = ""  # why the run drafts without the drafter it would have used ("" when it does not)
     policy: StepPolicy | None = None  # budget=auto: each step's drafted rows per request (None: a fixed budget)
     per_request: RequestProposers | None = None  # set by the oracle: its proposers are built per request
+    # budget=auto with a learned drafter: the proposer every request drafts with, the drafter and conf-tree, the
+    # policy choosing between them per step (None: `proposer` alone)
+    options: DrafterOptions | None = None
 
     @property
     def requests(self) -> RequestProposers:
         """How each request of a segment gets its proposer."""
-        return self.per_request if self.per_request is not None else SharedProposer(self.proposer)
+        if self.per_request is not None:
+            return self.per_request
+        return SharedProposer(self.options if self.options is not None else self.proposer)
 
 
 @dataclass(frozen=True)
@@ -107,9 +112,16 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter, batch_size: int | Non
         # brought there: no transfer, no device call per tree level.
         drafter = drafter.to(args.drafter_device)
     proposer = make_proposer(MethodSpec(mode, budget, args.gamma), drafter, graph)
-    policy = None
+    policy, options = None, None
     if auto:
         n = batch_size or (args.batch_size if isinstance(args.batch_size, int) else args.max_batch_size or 32)
         assert proposer is not None
-        policy = build_policy(adapter, proposer, n, args.gen_length or 256)  # lm-eval's usual max_gen_toks
-    return ProposerChoice(proposer, path, note, policy)
+        if MODES[mode].learned:
+            # Where the learned drafter's host pass costs more than its better acceptance saves (a cheap forward, a
+            # drafter new to the target), conf-tree drafts: the policy weighs both per step, from their own costs
+            # and acceptance records.
+            fallback = make_proposer(MethodSpec("conf-tree", budget), None, None)
+            assert fallback is not None
+            options = DrafterOptions((proposer, fallback), (path.name if path is not None else mode, "conf-tree"))
+        policy = build_policy(adapter, options or proposer, n, args.gen_length or 256)  # lm-eval's usual max_gen_toks
+    return ProposerChoice(proposer, path, note, policy, options=options)

@@ -10,7 +10,7 @@ import torch
 from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
 from lm_eval_spot.decoding.loop import decode
 from lm_eval_spot.decoding.step_policy import (PRIOR_ACCEPT, AcceptanceRecord, LinearCost, RowCosts, StartupCosts,
-                                               StepPolicy, allocate)
+                                               StepPolicy, StepView, allocate)
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 
@@ -216,6 +216,62 @@ def test_a_drafter_that_is_often_wrong_drafts_less_than_one_that_is_right(monkey
     assert drafted["right"] > 2 * drafted["random"], drafted
 
 
+def test_each_step_drafts_with_the_drafter_whose_own_costs_pay_best():
+    """Two drafters of like acceptance: the one with the cheaper host pass drafts; made dear, the other does. A
+    drafter whose record says it is never right is passed over for one that is."""
+    cost = lambda r: 4.0 + 0.5 * r  # noqa: E731
+    views = [StepView(True, False, 1.0)] * 2
+    for first, second, want in (((3.0, 0.3), (0.05, 0.01), 1), ((0.05, 0.01), (3.0, 0.3), 0)):
+        rows = tuple(range(1, 65))
+        costs = StartupCosts(rows, tuple(cost(r) for r in rows), *first, other_drafters=(second,))
+        policy = StepPolicy(costs, DEPTH, 64, ("learned", "conf-tree"))
+        budgets, option = policy.plan_step(views)
+        assert option == want and sum(budgets) > 0
+    costs = StartupCosts(tuple(range(1, 65)), tuple(cost(r) for r in range(1, 65)), 0.05, 0.01,
+                         other_drafters=((0.05, 0.01),))
+    policy = StepPolicy(costs, DEPTH, 64, ("learned", "conf-tree"))
+    pace = policy.pace()
+    for _ in range(30):  # the first drafter's nodes are never accepted, the second's always
+        policy.verdict(pace, False, 6, [], option=0)
+        policy.verdict(pace, False, 6, [1, 2, 3, 4, 5, 6], option=1)
+    assert policy.plan_step(views)[1] == 1
+    with pytest.raises(ValueError, match="names"):
+        StepPolicy(costs, DEPTH, 64)
+
+
+def test_the_run_drafts_with_the_drafter_the_policy_chose_and_stays_exact(monkeypatch):
+    """Per request a random-weight drafter and its own commit oracle as options: the policy learns that the
+    second is right and drafts with it, the rounds really use it (far fewer forwards than the random drafter
+    alone), and the outputs are control's."""
+    from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
+    from lm_eval_spot.decoding.proposer import DrafterOptions
+
+    L = 8
+    adapter = adapter_for(L, seed=3, scale=40.0)
+    cost = lambda r: 4.0 + 1.0 * r  # noqa: E731
+    jobs = jobs_for(L, 0.0, None, n=6)
+    logs = [CommitLog() for _ in jobs]
+    control = [decode(adapter, j.prompt_ids, j.cfg, j.seed, observer=lg) for j, lg in zip(jobs, logs, strict=True)]
+    nfe = {}
+    for name in ("random", "choice"):
+        with_clock(monkeypatch, adapter, cost)
+        rows = tuple(range(1, 65))
+        both = name == "choice"
+        costs = StartupCosts(rows, tuple(cost(r) for r in rows), 0.01, 0.001,
+                             other_drafters=((0.01, 0.001),) if both else ())
+        policy = StepPolicy(costs, DEPTH, 64, ("random", "oracle") if both else ("random",))
+        props = [DrafterOptions((spot(seed=7), OracleProposer(lg, DEPTH, stale_only=True)), ("random", "oracle"))
+                 if both else spot(seed=7) for lg in logs]
+        run = [DecodeRequest(j.prompt_ids, j.cfg, j.seed, proposer=p) for j, p in zip(jobs, props, strict=True)]
+        out = decode_many(adapter, run, 3, policy=policy)
+        assert [o.token_ids for o in out] == [c.token_ids for c in control]
+        nfe[name] = sum(o.nfe.total for o in out)
+        if both:
+            assert policy.report.drafter_shares()["oracle"] > 0.8
+            assert set(policy.summary()["drafters"]) == {"random", "oracle"}
+    assert nfe["choice"] < 0.8 * nfe["random"], nfe
+
+
 def test_the_model_class_runs_the_policy_by_default_and_reports_it(tmp_path):
     """No budget given: budget=auto, its start-up curve, the share of rounds at each drafted-row count and its
     start-up time in the results and the run summary; generations equal paired control's."""
@@ -235,6 +291,9 @@ def test_the_model_class_runs_the_policy_by_default_and_reports_it(tmp_path):
     assert sum(pol["drafted_rows_share"].values()) == pytest.approx(1.0, abs=1e-3)
     text = format_summary(spot_block)
     assert "budget=auto: rounds by drafted rows" in text and "start-up measurement s" in text
+    # the embedded drafter and conf-tree, chosen per step; every drafting round counted for one of them
+    assert set(pol["drafters"]) == {lm.drafter_path.name, "conf-tree"} and "rounds by drafter" in text
+    assert sum(d["share_of_drafting_rounds"] for d in pol["drafters"].values()) == pytest.approx(1.0, abs=1e-3)
 
 
 @pytest.mark.parametrize("adapt", ["auto", "online"])
