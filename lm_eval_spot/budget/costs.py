@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.adapters.base import TargetAdapter, positions_needed
 from lm_eval_spot.decoding.proposer import DrafterOptions, Proposer, RoundContext
 from lm_eval_spot.decoding.stale import summarize
 from lm_eval_spot.decoding.step_policy import StartupCosts, StepPolicy
@@ -36,7 +38,7 @@ def row_grid(max_rows: int) -> tuple[int, ...]:
 
 
 def measure_startup(adapter: TargetAdapter, proposer: Proposer, batch_size: int, gen_length: int = 256,
-                    repeats: int = 3, temperature: float = 0.0) -> StartupCosts:
+                    repeats: int = 3, temperature: float = 0.0, prompt_len: int = 0) -> StartupCosts:
     """Time the target on R rows of a block (after a 2-block prefix; a bidirectional target recomputes its canvas of
     prompt + gen_length, so its rows are measured at that canvas), R over `row_grid`, and the drafting of one
     round (summary, order pass, a tree of 1 and of MAX_BUDGET nodes), for each of a `DrafterOptions`' drafters. Each size keeps its fastest repeat after a
@@ -46,7 +48,8 @@ def measure_startup(adapter: TargetAdapter, proposer: Proposer, batch_size: int,
     L = info.block_len
     dev = adapter.device
     filler = next(t for t in range(info.vocab_size) if t != info.mask_id and t not in info.stop_ids)
-    session, _ = adapter.open([filler] * (2 * L), gen_length)
+    prompt = prompt_len or 2 * L  # a 2-block prefix unless the requests' own length is known
+    session, _ = adapter.open([filler] * prompt, gen_length)
     block = torch.full((L,), info.mask_id, dtype=torch.long)
     block[: L // 2] = filler
     grid = row_grid(max(2, batch_size * ROWS_PER_REQUEST))
@@ -63,7 +66,8 @@ def measure_startup(adapter: TargetAdapter, proposer: Proposer, batch_size: int,
         options = proposer.options if isinstance(proposer, DrafterOptions) else (proposer,)
         drafting = [_drafting_ms(adapter, p, block, repeats, temperature) for p in options]
     (fixed, node), others = drafting[0], tuple(drafting[1:])
-    costs = StartupCosts(grid, tuple(fwd[r] for r in grid), fixed, node, time.perf_counter() - t_start, others)
+    costs = StartupCosts(grid, tuple(fwd[r] for r in grid), fixed, node, time.perf_counter() - t_start, others,
+                         positions_needed(info, prompt, gen_length))
     log.info("spot-dlm: budget=auto measured at start-up in %.1f s: forward %s ms; drafting %.2f ms per request "
              "and round + %.3f ms per node", costs.seconds,
              ", ".join(f"{r} rows {ms:.2f}" for r, ms in zip(grid, costs.forward_ms, strict=True)
@@ -98,6 +102,39 @@ def _drafting_ms(adapter: TargetAdapter, proposer: Proposer, block: torch.Tensor
             times[d] = min(times[d], 1000 * (time.perf_counter() - t0))
     node = max(0.0, (times[MAX_BUDGET] - times[1]) / (MAX_BUDGET - 1))
     return max(0.0, times[1] - node), node
+
+
+# A fully bidirectional request's canvas within this factor of the one measured at start-up: the curve stands.
+CANVAS_SLACK = 1.25
+
+
+@dataclass(frozen=True)
+class CanvasCheck:
+    """The start-up measurement taken again, before the first step, where it was taken on a canvas unlike the
+    requests' own. A fully bidirectional target's row costs its whole canvas (prompt + generation), and start-up
+    knows neither before lm-eval's requests arrive: measured at 256 generated tokens, e8c's curve (a task of 80)
+    ran about 2x the run's forwards for most of a run, and the policy drafted where nothing paid (0.84x control).
+    A block-causal row costs its block whatever the canvas (re-measured after a 136-token prefix: the same curve),
+    so those targets keep their start-up curve."""
+
+    adapter: TargetAdapter
+    proposer: Proposer
+    batch_size: int
+
+    def fit(self, policy: StepPolicy, prompt_lens: Sequence[int], gen_length: int) -> bool:
+        """Re-measure for requests of these prompt lengths and generation length if their canvas is off the
+        measured one by more than CANVAS_SLACK. True if it did."""
+        info = self.adapter.info
+        if info.grid_origin != "prompt_end" or not prompt_lens:
+            return False
+        prompt = sorted(prompt_lens)[len(prompt_lens) // 2]
+        canvas, measured = positions_needed(info, prompt, gen_length), policy.startup.canvas
+        if measured and 1 / CANVAS_SLACK <= canvas / measured <= CANVAS_SLACK:
+            return False
+        log.info("spot-dlm: budget=auto measures again at the requests' canvas (%d positions, not %d)", canvas,
+                 measured)
+        policy.restart(measure_startup(self.adapter, self.proposer, self.batch_size, gen_length, prompt_len=prompt))
+        return True
 
 
 def build_policy(adapter: TargetAdapter, proposer: Proposer, batch_size: int, gen_length: int) -> StepPolicy:

@@ -86,7 +86,7 @@ def build_parts(args: SpotArgs) -> ModelParts:
     drafter_out = Path(args.drafter_out).expanduser() if args.drafter_out else None
     generation = GenerationRunner(
         GenerationSetup(adapter, args, choice.requests, text, recording, online, choice.policy, drafter_out,
-                        f"rank_{ranks.rank}" if ranks.distributed else None),
+                        f"rank_{ranks.rank}" if ranks.distributed else None, choice.canvas),
         stats, PairedStats() if paired else None)
     sizes = BatchSizes(adapter, args.batch_size, args.batch_invariant, drafting, args.budget, MAX_BUDGET,
                        args.mc_batch, args.max_batch_size)

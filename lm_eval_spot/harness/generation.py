@@ -14,6 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from lm_eval_spot.adapters.base import TargetAdapter
+from lm_eval_spot.budget import CanvasCheck
 from lm_eval_spot.settings.args import SpotArgs
 from lm_eval_spot.decoding.batch import DecodeRequest, Joining, StepTally, decode_many
 from lm_eval_spot.decoding.loop import DecodeResult, NonFiniteLogitsError
@@ -49,6 +50,7 @@ class GenerationSetup:
     policy: StepPolicy | None = None  # budget=auto: each step's drafted rows per request
     drafter_out: Path | None = None  # drafter_out=: where the adapted drafter is written after each call
     rank_folder: str | None = None  # this process's subfolder of drafter_out when several processes adapt
+    canvas: CanvasCheck | None = None  # budget=auto: the start-up curve taken again at the first requests' canvas
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class GenerationRunner:
         self.online, self.recording = setup.online, setup.recording
         self._wave_mark: dict[int, int] | None = None  # the policy's rounds by drafted rows when the last wave began
         self.adapt_skipped = 0  # waves decoded without adaptation (budget=auto drafted too little before them)
+        self._canvas_checked = False
 
     def generate(self, jobs: list[PlannedRequest], batch_size: int, on_text: Callable[[PlannedRequest, str], None],
                  progress: bool) -> CallReport:
@@ -88,6 +91,13 @@ class GenerationRunner:
         With paired control the call runs in segments of `batch_size` requests, each decoded by both methods in
         the same batch, the order alternating per segment (machine drift cancels)."""
         t_call, decode_s = time.perf_counter(), self.decode_s
+        policy, canvas = self.setup.policy, self.setup.canvas
+        if jobs and policy is not None and canvas is not None and not self._canvas_checked:
+            # Before the first step of the run, in its decoding time: the user waits for it.
+            self._canvas_checked = True
+            t0 = time.perf_counter()
+            canvas.fit(policy, [len(j.prompt_ids) for j in jobs], max(j.cfg.max_gen_toks for j in jobs))
+            self.decode_s += time.perf_counter() - t0
         texts: list[str] = [""] * len(jobs)
         text = self.setup.text
         bar = tqdm(total=len(jobs), desc=f"spot-dlm [{self.setup.args.mode}]", disable=not progress)

@@ -10,7 +10,7 @@ from lm_eval_spot.adapters.base import TargetAdapter
 from lm_eval_spot.baselines.oracle import OracleProposers
 from lm_eval_spot.baselines.rank_graph import GraphProposer, RankGraph
 from lm_eval_spot.settings.args import SpotArgs, default_graph_path, drafter_for
-from lm_eval_spot.budget import MAX_BUDGET, build_policy
+from lm_eval_spot.budget import MAX_BUDGET, CanvasCheck, build_policy
 from lm_eval_spot.decoding.proposer import DrafterOptions, Proposer, RequestProposers, SharedProposer
 from lm_eval_spot.decoding.step_policy import StepPolicy
 from lm_eval_spot.drafter.model import DrafterMismatchError, DrafterModel, load_drafter
@@ -31,6 +31,7 @@ class ProposerChoice:
     # budget=auto with a learned drafter: the proposer every request drafts with, the drafter and conf-tree, the
     # policy choosing between them per step (None: `proposer` alone)
     options: DrafterOptions | None = None
+    canvas: CanvasCheck | None = None  # budget=auto: measures again at the first requests' canvas where it differs
 
     @property
     def requests(self) -> RequestProposers:
@@ -124,4 +125,6 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter, batch_size: int | Non
             assert fallback is not None
             options = DrafterOptions((proposer, fallback), (path.name if path is not None else mode, "conf-tree"))
         policy = build_policy(adapter, options or proposer, n, args.gen_length or 256)  # lm-eval's usual max_gen_toks
-    return ProposerChoice(proposer, path, note, policy, options=options)
+        return ProposerChoice(proposer, path, note, policy, options=options,
+                              canvas=CanvasCheck(adapter, options or proposer, n))
+    return ProposerChoice(proposer, path, note, policy)

@@ -10,7 +10,7 @@ import torch
 from lm_eval_spot.decoding.batch import DecodeRequest, decode_many
 from lm_eval_spot.decoding.loop import decode
 from lm_eval_spot.decoding.step_policy import (PRIOR_ACCEPT, AcceptanceRecord, LinearCost, RowCosts, StartupCosts,
-                                               StepPolicy, StepView, allocate)
+                                               StepPolicy, StepView, allocate, best_allocation)
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.spot_proposer import LearnedOrder, TreeConfig, TreeProposer
 
@@ -88,6 +88,37 @@ def test_host_work_outside_the_forward_makes_a_committed_token_worth_more():
     cost = [2.0 * r for r in range(100)]  # 2 ms a row: a 0.4 gain per row never pays on its own
     assert allocate(gains, 4, cost, 0.0, (0.0, 0.0)) == [0] * 4
     assert sum(allocate(gains, 4, cost, 40.0, (0.0, 0.0))) > 0
+
+
+def test_one_requests_allocation_is_the_best_rate_with_the_deepest_near_tie():
+    """At batch size 1 (a plain-Python path): against rates written out here for every depth, the choice is the
+    deepest depth within DEPTH_TOLERANCE of the best rate, nothing unless that beats control's rate by MIN_GAIN."""
+    from lm_eval_spot.decoding.step_policy import DEPTH_TOLERANCE, MIN_GAIN
+
+    rng = np.random.default_rng(0)
+    drafted = 0
+    for _ in range(300):
+        D = int(rng.integers(1, 17))
+        g = np.minimum.accumulate(rng.uniform(0, 1, D))[None, :] * rng.uniform(0, 1)
+        extra = (rng.uniform(0, 1, D) < 0.2).astype(np.int64)[None, :]
+        curve = np.cumsum(rng.uniform(0.05, 3.0, 80)) + rng.uniform(0, 5)
+        host, fixed, node, scale, base_rows = (float(x) for x in rng.uniform(0, 2, 5))
+        base_rows = int(base_rows * 3) + 1
+        got, rate = best_allocation(g, base_rows, curve.tolist(), host, (fixed, node), extra=extra, scale=scale)
+        control = 1 / (curve[base_rows] + host)
+        rates = []
+        for d in range(1, D + 1):
+            rows = base_rows + d + int(extra[0, :d].sum())
+            added = curve[min(rows, 79)] - curve[base_rows] + fixed + d * node
+            rates.append((1 + g[0, :d].sum()) / (curve[base_rows] + host + scale * added))
+        best = max(rates)
+        if best <= control * (1 + MIN_GAIN):
+            assert got == [0] and rate == pytest.approx(control)
+            continue
+        want = max(d for d, r in enumerate(rates, 1) if r >= best * (1 - DEPTH_TOLERANCE) and r > control * (1 + MIN_GAIN))
+        assert got == [want] and rate == pytest.approx(rates[want - 1])
+        drafted += 1
+    assert 30 < drafted < 270  # both outcomes were exercised
 
 
 # ---- what the policy learns -------------------------------------------------------------------------------------
@@ -354,3 +385,40 @@ def test_drafting_that_costs_more_than_estimated_is_scaled_up_from_the_measureme
     cost = [10.0 + 2.0 * r for r in range(100)]
     assert sum(allocate(gains, 4, cost, 2.0, (0.5, 0.0))) > 0
     assert sum(allocate(gains, 4, cost, 2.0, (0.5, 0.0), scale=check.scale)) == 0
+
+
+def test_a_bidirectional_target_is_measured_again_at_the_requests_canvas_and_a_block_causal_one_is_not():
+    """budget=auto's start-up curve is taken before any request is known (at 256 generated tokens); on a fully
+    bidirectional target a row costs its whole canvas, so before the first step it is taken again at the requests'
+    canvas (median prompt + their generation length) unless that is within CANVAS_SLACK of the measured one.
+    A block-causal target's row is its block: its curve stands."""
+    import transformers
+
+    from lm_eval_spot.adapters.base import TargetInfo
+    from lm_eval_spot.adapters.bidirectional import BidirectionalAdapter
+    from lm_eval_spot.adapters.native_canvas import NativeCanvas
+    from lm_eval_spot.budget import CanvasCheck, measure_startup
+
+    L, V = 8, 40
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                                   max_position_embeddings=512, attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    bidir = BidirectionalAdapter(model, TargetInfo(2, frozenset({1}), L, "prompt_end", True, V),
+                                 NativeCanvas(shifted=False))
+    for adapter, refits in ((bidir, True), (adapter_for(L, seed=3, scale=1.0), False)):
+        prop = spot()
+        policy = StepPolicy(measure_startup(adapter, prop, 1, gen_length=256, repeats=1), DEPTH, 64)
+        first = policy.startup
+        assert first.canvas == 2 * L + 256
+        pace = policy.pace()
+        policy.verdict(pace, False, 4, [1, 2])  # learned before the check: forgotten when it measures again
+        check = CanvasCheck(adapter, prop, 1)
+        assert check.fit(policy, [10, 13, 12], 24) is refits
+        if refits:
+            assert policy.startup.canvas == 12 + 24 and policy.startup.seconds > first.seconds
+            assert policy.report.drafted_rows == {} and policy.record.rates(False)[0] == pytest.approx(PRIOR_ACCEPT)
+            assert not check.fit(policy, [12, 14], 24)  # within the slack: the curve stands
+        else:
+            assert policy.startup is first and policy.report.drafted_rows == {4: 1}
