@@ -131,14 +131,19 @@ class CanvasCheck:
         canvas, measured = positions_needed(info, prompt, gen_length), policy.startup.canvas
         if measured and 1 / CANVAS_SLACK <= canvas / measured <= CANVAS_SLACK:
             return False
-        log.info("spot-dlm: budget=auto measures again at the requests' canvas (%d positions, not %d)", canvas,
-                 measured)
+        log.info("spot-dlm: budget=auto measures at the requests' canvas (%d positions%s)", canvas,
+                 f", not the {measured} measured at start-up" if measured else "")
         policy.restart(measure_startup(self.adapter, self.proposer, self.batch_size, gen_length, prompt_len=prompt))
         return True
 
 
-def build_policy(adapter: TargetAdapter, proposer: Proposer, batch_size: int, gen_length: int) -> StepPolicy:
-    """The run's budget=auto policy, measured on this adapter's device."""
-    costs = measure_startup(adapter, proposer, batch_size, gen_length)
+def build_policy(adapter: TargetAdapter, proposer: Proposer, batch_size: int, gen_length: int,
+                 defer: bool = False) -> StepPolicy:
+    """The run's budget=auto policy, measured on this adapter's device; with `defer`, not yet: `CanvasCheck`
+    measures it before the first step, at the requests' canvas (a fully bidirectional target's row is its whole
+    canvas, which start-up does not know: measuring twice cost e8c 1-5 s at batch size 8-32)."""
+    costs = (StartupCosts((1, 2), (1.0, 2.0), 0.0, 0.0, other_drafters=((0.0, 0.0),) * (
+        len(proposer.options) - 1 if isinstance(proposer, DrafterOptions) else 0))
+             if defer else measure_startup(adapter, proposer, batch_size, gen_length))
     names = proposer.names if isinstance(proposer, DrafterOptions) else ("drafter",)
     return StepPolicy(costs, MAX_BUDGET, batch_size * (MAX_BUDGET + 2), names)

@@ -124,7 +124,9 @@ def build_proposer(args: SpotArgs, adapter: TargetAdapter, batch_size: int | Non
             fallback = make_proposer(MethodSpec("conf-tree", budget), None, None)
             assert fallback is not None
             options = DrafterOptions((proposer, fallback), (path.name if path is not None else mode, "conf-tree"))
-        policy = build_policy(adapter, options or proposer, n, args.gen_length or 256)  # lm-eval's usual max_gen_toks
+        # A fully bidirectional row costs its whole canvas: measured at the first requests' own (CanvasCheck).
+        defer = adapter.info.grid_origin == "prompt_end" and args.gen_length is None
+        policy = build_policy(adapter, options or proposer, n, args.gen_length or 256, defer)  # 256: lm-eval's usual
         return ProposerChoice(proposer, path, note, policy, options=options,
                               canvas=CanvasCheck(adapter, options or proposer, n))
     return ProposerChoice(proposer, path, note, policy)

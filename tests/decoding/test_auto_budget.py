@@ -422,3 +422,9 @@ def test_a_bidirectional_target_is_measured_again_at_the_requests_canvas_and_a_b
             assert not check.fit(policy, [12, 14], 24)  # within the slack: the curve stands
         else:
             assert policy.startup is first and policy.report.drafted_rows == {4: 1}
+    # Where the run knows no generation length, a bidirectional target is measured only once, at the requests'.
+    from lm_eval_spot.budget import build_policy
+
+    deferred = build_policy(bidir, spot(), 1, 256, defer=True)
+    assert deferred.startup.canvas == 0 and deferred.startup.seconds == 0.0
+    assert CanvasCheck(bidir, spot(), 1).fit(deferred, [12], 24) and deferred.startup.canvas == 12 + 24
