@@ -358,13 +358,14 @@ class PolicyReport:
 
 class DrafterTrack:
     """What the policy knows of one drafter it may choose: its host cost per round and node, its acceptance by
-    rank, and how far its measured cost runs from that estimate."""
+    rank, and how far drafting's measured cost runs from its estimate (one check for every drafter: most of that
+    error is the forward's, at rows any drafter adds, and a drafter tried now and then would learn it too late)."""
 
-    def __init__(self, name: str, fixed_ms: float, node_ms: float, max_depth: int) -> None:
+    def __init__(self, name: str, fixed_ms: float, node_ms: float, max_depth: int, check: DraftingCheck) -> None:
         self.name = name
         self.draft = LinearCost(fixed_ms, node_ms)
         self.record = AcceptanceRecord(max_depth)
-        self.check = DraftingCheck()
+        self.check = check
 
 
 class StepPolicy:
@@ -390,7 +391,8 @@ class StepPolicy:
         spent = getattr(self, "startup", None)
         self.startup = replace(startup, seconds=startup.seconds + (spent.seconds if spent is not None else 0.0))
         self.forward = RowCosts(startup, self.max_rows + 1)
-        self.tracks = [DrafterTrack(n, a, b, max_depth) for n, (a, b) in zip(names, costs, strict=True)]
+        check = DraftingCheck()
+        self.tracks = [DrafterTrack(n, a, b, max_depth, check) for n, (a, b) in zip(names, costs, strict=True)]
         # The first drafter's, by their old names (one-drafter runs and their tests read these).
         self.draft, self.record, self.check = self.tracks[0].draft, self.tracks[0].record, self.tracks[0].check
         # The step's other host work (x: drafted nodes): its level sets what a committed token is worth, its slope
@@ -444,10 +446,7 @@ class StepPolicy:
         base = self.forward(base_rows) + self.rest.a
         added = (self.forward(rows) - self.forward(base_rows) + len(drafting) * track.draft.a
                  + nodes * (track.draft.b + self.rest.b)) if drafting else 0.0
-        measured = forward_ms + rest_ms + sum(ms for _, ms in drafting)
-        for t in self.tracks:  # a step without drafting tells every drafter's check the estimates' base error
-            if t is track or not drafting:
-                t.check.observe(measured, base, added)
+        self.check.observe(forward_ms + rest_ms + sum(ms for _, ms in drafting), base, added)
         self.forward.observe(rows, forward_ms)
         self.rest.observe(sum(nodes for nodes, _ in drafting), rest_ms)
         for nodes, ms in drafting:
