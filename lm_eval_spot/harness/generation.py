@@ -218,9 +218,12 @@ class GenerationRunner:
             return DecodeRequest(list(job.prompt_ids), job.cfg, job.seed, make_stop_check(decode_ids, job.until),
                                  prop, obs, verify if prop is not None else "coupled")
 
+        texts: dict[int, str] = {}  # each request's text, cut once as it finishes
+
         def on_done(i: int, r: DecodeResult) -> None:
+            texts[i] = cut_text(decode_ids(r.token_ids), segment[i].until)
             if done is not None:
-                done(i, cut_text(decode_ids(r.token_ids), segment[i].until), r)
+                done(i, texts[i], r)
 
         try:
             # The step policy prices the method's own decodes; paired control's rounds draft nothing anyway.
@@ -234,7 +237,7 @@ class GenerationRunner:
             raise err.with_message(
                 f"spot-dlm: {err} while decoding the request whose prompt ends {preview(job.context)} "
                 f"(prompt_hash {hash_string(job.context)}); nothing of this run was written") from None
-        return [(cut_text(decode_ids(r.token_ids), job.until), r) for job, r in zip(segment, results, strict=True)]
+        return [(texts[i], r) for i, r in enumerate(results)]
 
     def end_call(self) -> None:
         """After a generate_until call: drafter_data's shards flushed (and what recording cost logged); with

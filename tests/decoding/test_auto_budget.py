@@ -19,9 +19,10 @@ from helpers.targets import adapter_for, jobs_for
 DEPTH = 8
 
 
-def startup(cost, max_rows: int = 64) -> StartupCosts:
+def startup(cost, max_rows: int = 64, draft: tuple[float, float] = (0.01, 0.001),
+            others: tuple[tuple[float, float], ...] = ()) -> StartupCosts:
     rows = tuple(range(1, max_rows + 1))
-    return StartupCosts(rows, tuple(float(cost(r)) for r in rows), 0.01, 0.001)
+    return StartupCosts(rows, tuple(float(cost(r)) for r in rows), *draft, other_drafters=others)
 
 
 class FakeClock:
@@ -223,11 +224,10 @@ def test_a_steep_cost_drafts_nothing_and_a_flat_one_drafts(monkeypatch, T, bs):
             assert [o.host_bytes for o in out] == [c.host_bytes for c in control]
 
 
-def test_a_drafter_that_is_often_wrong_drafts_less_than_one_that_is_right(monkeypatch):
-    """The same target and costs (a forward of 4 ms + 1 ms a row): the oracle's commit order (every node right)
-    against a random-weight drafter. The policy's acceptance record makes the first draft far more rows per
-    round; both give control's output."""
-    from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
+def oracle_case():
+    """A saturated target (ties), a forward of 4 ms + 1 ms a row, 6 requests and their control decodes, each with
+    the commit log an oracle drafts from."""
+    from lm_eval_spot.baselines.oracle import CommitLog
 
     L = 8
     adapter = adapter_for(L, seed=3, scale=40.0)
@@ -235,6 +235,16 @@ def test_a_drafter_that_is_often_wrong_drafts_less_than_one_that_is_right(monkey
     jobs = jobs_for(L, 0.0, None, n=6)
     logs = [CommitLog() for _ in jobs]
     control = [decode(adapter, j.prompt_ids, j.cfg, j.seed, observer=lg) for j, lg in zip(jobs, logs, strict=True)]
+    return adapter, cost, jobs, logs, control
+
+
+def test_a_drafter_that_is_often_wrong_drafts_less_than_one_that_is_right(monkeypatch):
+    """The same target and costs (a forward of 4 ms + 1 ms a row): the oracle's commit order (every node right)
+    against a random-weight drafter. The policy's acceptance record makes the first draft far more rows per
+    round; both give control's output."""
+    from lm_eval_spot.baselines.oracle import OracleProposer
+
+    adapter, cost, jobs, logs, control = oracle_case()
     drafted = {}
     for name in ("random", "right"):
         with_clock(monkeypatch, adapter, cost)
@@ -253,13 +263,10 @@ def test_each_step_drafts_with_the_drafter_whose_own_costs_pay_best():
     cost = lambda r: 4.0 + 0.5 * r  # noqa: E731
     views = [StepView(True, False, 1.0)] * 2
     for first, second, want in (((3.0, 0.3), (0.05, 0.01), 1), ((0.05, 0.01), (3.0, 0.3), 0)):
-        rows = tuple(range(1, 65))
-        costs = StartupCosts(rows, tuple(cost(r) for r in rows), *first, other_drafters=(second,))
-        policy = StepPolicy(costs, DEPTH, 64, ("learned", "conf-tree"))
+        policy = StepPolicy(startup(cost, draft=first, others=(second,)), DEPTH, 64, ("learned", "conf-tree"))
         budgets, option = policy.plan_step(views)
         assert option == want and sum(budgets) > 0
-    costs = StartupCosts(tuple(range(1, 65)), tuple(cost(r) for r in range(1, 65)), 0.05, 0.01,
-                         other_drafters=((0.05, 0.01),))
+    costs = startup(cost, draft=(0.05, 0.01), others=((0.05, 0.01),))
     policy = StepPolicy(costs, DEPTH, 64, ("learned", "conf-tree"))
     pace = policy.pace()
     for _ in range(30):  # the first drafter's nodes are never accepted, the second's always
@@ -274,22 +281,15 @@ def test_the_run_drafts_with_the_drafter_the_policy_chose_and_stays_exact(monkey
     """Per request a random-weight drafter and its own commit oracle as options: the policy learns that the
     second is right and drafts with it, the rounds really use it (far fewer forwards than the random drafter
     alone), and the outputs are control's."""
-    from lm_eval_spot.baselines.oracle import CommitLog, OracleProposer
+    from lm_eval_spot.baselines.oracle import OracleProposer
     from lm_eval_spot.decoding.proposer import DrafterOptions
 
-    L = 8
-    adapter = adapter_for(L, seed=3, scale=40.0)
-    cost = lambda r: 4.0 + 1.0 * r  # noqa: E731
-    jobs = jobs_for(L, 0.0, None, n=6)
-    logs = [CommitLog() for _ in jobs]
-    control = [decode(adapter, j.prompt_ids, j.cfg, j.seed, observer=lg) for j, lg in zip(jobs, logs, strict=True)]
+    adapter, cost, jobs, logs, control = oracle_case()
     nfe = {}
     for name in ("random", "choice"):
         with_clock(monkeypatch, adapter, cost)
-        rows = tuple(range(1, 65))
         both = name == "choice"
-        costs = StartupCosts(rows, tuple(cost(r) for r in rows), 0.01, 0.001,
-                             other_drafters=((0.01, 0.001),) if both else ())
+        costs = startup(cost, others=((0.01, 0.001),) if both else ())
         policy = StepPolicy(costs, DEPTH, 64, ("random", "oracle") if both else ("random",))
         props = [DrafterOptions((spot(seed=7), OracleProposer(lg, DEPTH, stale_only=True)), ("random", "oracle"))
                  if both else spot(seed=7) for lg in logs]
