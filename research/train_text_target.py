@@ -2,7 +2,7 @@
 `--attention bidirectional`), on CPU.
 
     python -m research.train_text_target --out DIR --corpus gsm8k [--tokenizer bpe:4096 | --tokenizer FOLDER]
-        [--block-len 4] [--max-shots 1] [--minutes 60] [model and training flags of research.train_target]
+        [--block-len 4] [--min-shots 0] [--max-shots 1] [--minutes 60] [model and training flags of research.train_target]
 
 The model, masking, loss, schedule and checkpoints are `research.train_target`'s; only the data differ: packed
 sequences of the corpus's examples (`research.text_corpus`) through a byte-level BPE tokenizer trained on the corpus
@@ -39,10 +39,15 @@ log = logging.getLogger(__name__)
 class TextConfig:
     corpus: str = "gsm8k"
     tokenizer: str = "bpe:4096"  # bpe:N trains one on the corpus; anything else is a tokenizer folder
-    max_shots: int = 1  # a sequence packs 0..max_shots other examples before its own
+    max_shots: int = 1  # a sequence packs min_shots..max_shots other examples before its own
+    min_shots: int = 0  # raised for long-context targets: batches pad to their longest sequence, so like lengths
     holdout: int = 200  # examples kept out of training (held-out loss, samples)
     samples: int = 3  # greedy samples written to eval.json
     max_len: int = 0  # sequences longer than this are dropped (0: the model's max_positions)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_shots <= self.max_shots:
+            raise ValueError(f"need 0 <= min_shots <= max_shots, got {self.min_shots} and {self.max_shots}")
 
 
 class TextData:
@@ -71,7 +76,7 @@ class TextData:
 
     def _draw(self, rng: random.Random) -> tuple[list[int], int]:
         for _ in range(10_000):
-            k = rng.randint(0, self.text.max_shots)
+            k = rng.randint(self.text.min_shots, self.text.max_shots)
             ex = rng.sample(self.train_set, k + 1)
             ids, p = tc.encode_packed(self.tok, ex[-1], ex[:-1], self.loss_from)
             too_long = (p + math.ceil(self.cfg.max_new / self.cfg.block_len) * self.cfg.block_len > self.limit
