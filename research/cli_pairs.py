@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> None:
                         "target": name, "temperature": T, "batch_size": N, "config": c or "default",
                         "tok_per_s": speed[c], "nfe_per_sample": s["nfe_per_sample"],
                         "ratio": speed[c] / speed["mode=control"],
+                        # Each repeat's run against control's run of the same repeat (adjacent in time: the
+                        # machine's drift, up to 20% between runs minutes apart, mostly cancels), their median.
+                        "paired_ratios": [round(r["spot"]["gen_tokens_per_s"] / k["spot"]["gen_tokens_per_s"], 3)
+                                          for r, k in zip(runs[c], runs["mode=control"], strict=True)],
                         "runs_tok_per_s": [round(r["spot"]["gen_tokens_per_s"], 1) for r in runs[c]],
                         "identical_to_control": f"{same}/{len(ctrl['gens']) * len(runs[c])}",
                         "drafted_rows_share": (s.get("budget_policy") or {}).get("drafted_rows_share"),
@@ -117,16 +121,25 @@ def main(argv: list[str] | None = None) -> None:
                 (a.out / "table.md").write_text(table(rows, argv if argv is not None else sys.argv[1:]))
 
 
+def paired(ratios: list[float] | None) -> str:
+    if not ratios:
+        return ""
+    mid = sorted(ratios)[len(ratios) // 2] if len(ratios) % 2 else sum(sorted(ratios)[len(ratios) // 2 - 1:][:2]) / 2
+    return f"{mid:.2f}x; " + " / ".join(f"{x:.2f}" for x in ratios)
+
+
 def table(rows: list[dict[str, Any]], argv: list[str]) -> str:
     lines = ["python -m research.cli_pairs " + " ".join(argv), "",
              "| target | T | N | config | tok/s (mean) | runs | vs control | NFE/sample | identical to control "
-             "| rounds by drafted rows | start-up s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| rounds by drafted rows | start-up s | paired ratios (median; each) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shares = r["drafted_rows_share"] or {}
         top = ", ".join(f"{d}: {100 * s:.0f}%" for d, s in sorted(shares.items(), key=lambda kv: -kv[1])[:3])
         lines.append(f"| {r['target']} | {r['temperature']:g} | {r['batch_size']} | {r['config']} | "
                      f"{r['tok_per_s']:.1f} | {' / '.join(map(str, r['runs_tok_per_s']))} | {r['ratio']:.2f}x | {r['nfe_per_sample']:.2f} | "
-                     f"{r['identical_to_control']} | {top} | {r['startup_s'] if r['startup_s'] is not None else ''} |")
+                     f"{r['identical_to_control']} | {top} | {r['startup_s'] if r['startup_s'] is not None else ''} | "
+                     f"{paired(r.get('paired_ratios'))} |")
     return "\n".join(lines) + "\n"
 
 

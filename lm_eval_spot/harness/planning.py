@@ -92,7 +92,8 @@ def check_fits(info: TargetInfo, index: int, context: str, prompt_len: int, gen_
             f"spot-dlm: request {index} (prompt ending {preview(context)}) needs {need} positions (a prompt of "
             f"{prompt_len} tokens and up to {gen_len} generated, to the end of its last block of "
             f"{info.block_len}), more than the target's context of {info.max_positions}; nothing was decoded. "
-            "Shorten the prompts (e.g. --num_fewshot) or lower max_gen_toks / gen_length"
+            "Shorten the prompts (e.g. --num_fewshot), lower max_gen_toks / gen_length, or run a target with a "
+            "longer context (the shipped pretrained=spot-gsm8k has 2048 positions: lm-eval's 5-shot gsm8k fits)"
         )
 
 

@@ -41,14 +41,29 @@ def merge_harness_args(model_args: dict[str, Any], harness: dict[str, Any]) -> t
     return out, notes
 
 
+def _asset(folder: str) -> Path:
+    return Path(__file__).resolve().parents[1] / "assets" / folder
+
+
+# Targets shipped inside the package, by name (pretrained=NAME): folder, and the folder of its own drafter (the
+# drafter a run on it uses unless told otherwise). "spot-arith" is the embedded default; "spot-gsm8k" writes
+# English GSM8K solutions with a context that holds lm-eval's default 5-shot gsm8k prompt (model_cards/).
+SHIPPED_TARGETS = {"spot-arith": ("spot-arith-target", "spot-arith-drafter"),
+                   "spot-gsm8k": ("spot-gsm8k-target", "spot-gsm8k-drafter")}
+
+
+def shipped_target_path(name: str) -> Path:
+    return _asset(SHIPPED_TARGETS[name][0])
+
+
 def default_target_path() -> Path:
     """The embedded trained target shipped inside the package."""
-    return Path(__file__).resolve().parents[1] / "assets" / "spot-arith-target"
+    return shipped_target_path("spot-arith")
 
 
 def default_drafter_path() -> Path:
     """The drafter trained for the embedded target, shipped inside the package."""
-    return Path(__file__).resolve().parents[1] / "assets" / "spot-arith-drafter"
+    return _asset(SHIPPED_TARGETS["spot-arith"][1])
 
 
 # Drafters shipped inside the package, by name (drafter=NAME): "paper" (the embedded target's own, its default),
@@ -59,19 +74,28 @@ SHIPPED_DRAFTERS = {"paper": "spot-arith-drafter", "small": "spot-arith-drafter-
 
 
 def shipped_drafter_path(name: str) -> Path:
-    return Path(__file__).resolve().parents[1] / "assets" / SHIPPED_DRAFTERS[name]
+    return _asset(SHIPPED_DRAFTERS[name])
 
 
 def is_embedded_target(pretrained: str) -> bool:
     return Path(pretrained).expanduser().resolve() == default_target_path().resolve()
 
 
+def shipped_target_drafter(pretrained: str) -> Path | None:
+    """The own drafter of a target shipped inside the package (None: not a shipped target)."""
+    where = Path(pretrained).expanduser().resolve()
+    for folder, drafter in SHIPPED_TARGETS.values():
+        if where == _asset(folder).resolve():
+            return _asset(drafter)
+    return None
+
+
 def drafter_for(args: SpotArgs) -> Path:
-    """The drafter a drafting run uses: the one named, else the embedded target's own for the embedded target and
-    the shipped transfer drafter for every other target."""
+    """The drafter a drafting run uses: the one named, else a shipped target's own drafter, and the shipped
+    transfer drafter for every other target."""
     if args.drafter:
         return Path(args.drafter).expanduser()
-    return default_drafter_path() if is_embedded_target(args.pretrained) else shipped_drafter_path("transfer")
+    return shipped_target_drafter(args.pretrained) or shipped_drafter_path("transfer")
 
 
 def default_graph_path() -> Path:
@@ -214,6 +238,8 @@ def parse_args(raw: dict[str, Any]) -> SpotArgs:
     pretrained = raw.get("pretrained")
     if pretrained is None or str(pretrained) in ("", "default"):
         pretrained = str(default_target_path())
+    elif str(pretrained) in SHIPPED_TARGETS:
+        pretrained = str(shipped_target_path(str(pretrained)))
     args["pretrained"] = str(pretrained)
     if raw.get("tokenizer") is not None:
         args["tokenizer"] = str(raw["tokenizer"])
