@@ -159,3 +159,34 @@ def encode_packed(tok: Any, example: Example, shots: Sequence[Example], loss_fro
         return ids, len(tok.encode(first.prompt, add_special_tokens=False))
     raise ValueError(f"loss_from must be answer or first_answer, got {loss_from!r}")
 
+
+
+def prompts_file(examples: Sequence[Example], n: int, max_shots: int, seed: int, out: Path) -> int:
+    """A JSONL prompts file (`{"prompt": ...}` per line, what `python -m lm_eval_spot.training --prompts-file`
+    reads): the first n examples' prompts, each after 0..max_shots other examples in lm-eval's few-shot layout (so
+    a drafter meets the long few-shot contexts its target is run on). Returns the count written."""
+    rng = random.Random(seed)
+    rows = []
+    for i, ex in enumerate(examples[:n]):
+        others = [e for j, e in enumerate(examples[: n + 64]) if j != i]
+        shots = rng.sample(others, rng.randint(0, max_shots))
+        rows.append(json.dumps({"prompt": pack(ex, shots)[0]}))
+    out.write_text("\n".join(rows) + "\n")
+    return len(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="write a prompts file from a corpus (see prompts_file)")
+    ap.add_argument("--corpus", default="gsm8k")
+    ap.add_argument("--n", type=int, default=600)
+    ap.add_argument("--max-shots", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    print(prompts_file(load_corpus(a.corpus), a.n, a.max_shots, a.seed, a.out), "prompts written to", a.out)
+
+
+if __name__ == "__main__":
+    main()
