@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -124,8 +125,7 @@ def main(argv: list[str] | None = None) -> None:
 def paired(ratios: list[float] | None) -> str:
     if not ratios:
         return ""
-    mid = sorted(ratios)[len(ratios) // 2] if len(ratios) % 2 else sum(sorted(ratios)[len(ratios) // 2 - 1:][:2]) / 2
-    return f"{mid:.2f}x; " + " / ".join(f"{x:.2f}" for x in ratios)
+    return f"{statistics.median(ratios):.2f}x; " + " / ".join(f"{x:.2f}" for x in ratios)
 
 
 def table(rows: list[dict[str, Any]], argv: list[str]) -> str:

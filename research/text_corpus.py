@@ -160,16 +160,15 @@ def encode_packed(tok: Any, example: Example, shots: Sequence[Example], loss_fro
     raise ValueError(f"loss_from must be answer or first_answer, got {loss_from!r}")
 
 
-
 def prompts_file(examples: Sequence[Example], n: int, max_shots: int, seed: int, out: Path) -> int:
     """A JSONL prompts file (`{"prompt": ...}` per line, what `python -m lm_eval_spot.training --prompts-file`
     reads): the first n examples' prompts, each after 0..max_shots other examples in lm-eval's few-shot layout (so
     a drafter meets the long few-shot contexts its target is run on). Returns the count written."""
     rng = random.Random(seed)
+    pool = list(examples[: n + 64])
     rows = []
     for i, ex in enumerate(examples[:n]):
-        others = [e for j, e in enumerate(examples[: n + 64]) if j != i]
-        shots = rng.sample(others, rng.randint(0, max_shots))
+        shots = rng.sample(pool[:i] + pool[i + 1 :], rng.randint(0, max_shots))
         rows.append(json.dumps({"prompt": pack(ex, shots)[0]}))
     out.write_text("\n".join(rows) + "\n")
     return len(rows)

@@ -77,10 +77,6 @@ def shipped_drafter_path(name: str) -> Path:
     return _asset(SHIPPED_DRAFTERS[name])
 
 
-def is_embedded_target(pretrained: str) -> bool:
-    return Path(pretrained).expanduser().resolve() == default_target_path().resolve()
-
-
 def shipped_target_drafter(pretrained: str) -> Path | None:
     """The own drafter of a target shipped inside the package (None: not a shipped target)."""
     where = Path(pretrained).expanduser().resolve()
