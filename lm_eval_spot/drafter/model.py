@@ -173,6 +173,14 @@ def load_drafter(path: Path, block_len: int) -> tuple[DrafterModel, DrafterMeta]
     Nothing in the folder executes: the description is JSON, the weights safetensors (a pickle is refused), and
     the weights' sha256 (written by `save_drafter`) is checked, so a truncated or altered file stops the run.
     """
+    model, meta = read_drafter(path)
+    check_block_len(model, meta, block_len, str(path))
+    return model, meta
+
+
+def read_drafter(path: Path) -> tuple[DrafterModel, DrafterMeta]:
+    """A drafter folder's model (eval mode) and description, checked as `load_drafter` checks them but for no
+    particular block length (training starts from it: `python -m lm_eval_spot.training train --init`)."""
     path = Path(path)
     doc, meta = _read_description(path)
     try:
@@ -187,7 +195,6 @@ def load_drafter(path: Path, block_len: int) -> tuple[DrafterModel, DrafterMeta]
             f"spot-dlm: drafter {str(path)!r} has feature version {meta.feature_version}, this code reads "
             f"version {expected} for its architecture; retrain it with python -m lm_eval_spot.training.train"
         )
-    check_block_len(model, meta, block_len, str(path))
     state = _read_weights(path, doc.get("weights_sha256"))
     try:
         model.load_state_dict(state)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from lm_eval_spot.drafter.data import Trajectories, draftable_rounds, make_batch, make_round_batch, replay_examples
 from lm_eval_spot.drafter.factored import FactoredConfig, FactoredOrderModel
 from lm_eval_spot.drafter.loss import factored_loss
-from lm_eval_spot.drafter.model import DrafterModel, OrderModelConfig, build_model
+from lm_eval_spot.drafter.model import DrafterModel, OrderModelConfig, build_model, read_drafter
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,9 @@ class TrainConfig:
     seed: int = 0
     minutes: float | None = None  # stop early (and still save) after this much training time
     ckpt_every: int = 200  # steps between checkpoints
+    # A drafter folder whose weights the run starts from (fine-tuning: a shipped drafter on new targets' data);
+    # its architecture is the run's (`model` must equal its config).
+    init: str | None = None
     # Both are ~0.62M parameters (the paper's size); the factored one runs its encoder once per round.
     model: OrderModelConfig | FactoredConfig = field(default_factory=FactoredConfig)
 
@@ -172,6 +175,12 @@ def train(out: Path, cfg: TrainConfig, data: list[Path] | None = None) -> Drafte
         config["block_lens"] = [int(g.committed.shape[1]) for g in groups]
     torch.manual_seed(cfg.seed)
     model = build_model(asdict(cfg.model))
+    if cfg.init is not None:
+        start, _ = read_drafter(Path(cfg.init))
+        if asdict(start.cfg) != asdict(cfg.model):
+            raise ValueError(f"--init {cfg.init}: its architecture {asdict(start.cfg)} is not the run's "
+                             f"{asdict(cfg.model)}")
+        model.load_state_dict(start.state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt = out / "train_ckpt.pt"
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -4,6 +4,8 @@
 
 Sub-steps `collect`, `train`, `evaluate` can be run alone; each resumes from what it already wrote (trajectory
 shards and training checkpoints are written atomically). The result is `OUT/drafter/` (safetensors + JSON).
+`train --init DRAFTER` starts from a drafter's weights and architecture (fine-tuning, e.g. the shipped transfer
+drafter on new targets' trajectories, usually with a lower --lr).
 
 Resuming: `train` checkpoints to OUT/train_ckpt.pt every --ckpt-every steps (and at the end or the --minutes
 limit) with everything the loop consumes: weights, optimizer, the data-sampling generator and torch's global RNG
@@ -34,7 +36,7 @@ from lm_eval_spot.drafter.factored import FactoredConfig
 from lm_eval_spot.drafter.features import TOP_K
 from lm_eval_spot.training.fit import TrainConfig, evaluate_groups, load_groups, load_trajectories, train
 from lm_eval_spot.drafter.model import (DrafterMeta, OrderModelConfig, build_model, feature_version_of, n_params,
-                                        save_drafter)
+                                        read_drafter, save_drafter)
 
 __all__ = ["TrainConfig", "collect", "load_trajectories", "main", "train", "training_prompts"]
 
@@ -143,6 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--relative-slots", action="store_true",
                     help="factored only: slot place as a fraction of the block (with --no-slot-embedding: a drafter "
                     "for every block length)")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="train: start from this drafter folder's weights (its architecture replaces the size "
+                    "flags): fine-tune a drafter on new targets' trajectories")
+    ap.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate (cosine to 0)")
     ap.add_argument("--dropout", type=float, default=0.0, help="order model dropout while training (default none)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads (use 1 when another job shares the cores: OpenMP spin-waits collapse)")
@@ -155,7 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     size = {"d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers}
     model_cfg: OrderModelConfig | FactoredConfig
-    if args.arch == "factored":
+    if args.init is not None:
+        model_cfg = read_drafter(args.init)[0].cfg  # the size flags give way to the drafter's own
+    elif args.arch == "factored":
         if not 1 <= args.top_k <= TOP_K:
             ap.error(f"--top-k must be in 1..{TOP_K} (trajectories store the top {TOP_K}), got {args.top_k}")
         model_cfg = FactoredConfig(**size, d_ff=args.d_ff or FactoredConfig.d_ff, dropout=args.dropout,
@@ -163,9 +171,11 @@ def main(argv: list[str] | None = None) -> None:
                                    relative_slots=args.relative_slots)
     else:
         model_cfg = OrderModelConfig(**size, d_ff=args.d_ff or OrderModelConfig.d_ff, dropout=args.dropout)
-    batch = args.batch or (48 if args.arch == "factored" else 256)
-    cfg = TrainConfig(steps=args.steps, batch=batch, minutes=args.minutes, seed=args.seed,
-                      ckpt_every=args.ckpt_every, model=model_cfg)
+    factored = isinstance(model_cfg, FactoredConfig)
+    batch = args.batch or (48 if factored else 256)
+    cfg = TrainConfig(steps=args.steps, batch=batch, minutes=args.minutes, seed=args.seed, lr=args.lr,
+                      ckpt_every=args.ckpt_every, model=model_cfg,
+                      init=str(args.init.resolve()) if args.init is not None else None)
     t0 = time.time()
     if args.step in ("collect", "all"):
         from lm_eval.utils import simple_parse_args_string

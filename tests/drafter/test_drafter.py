@@ -151,6 +151,36 @@ def test_training_command_collect_train_evaluate_resume(tiny_target_dir, tmp_pat
     assert next((out / "trajectories").glob("*.safetensors")).stat().st_mtime == shard_mtime
 
 
+def test_training_from_a_drafter_starts_at_its_weights(tiny_target_dir, tmp_path):
+    """--init: the run takes the given drafter's architecture (over the size flags) and weights; a run resumed
+    with another --init is refused."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Q: {i}*2=?\nA:"}) + "\n" for i in range(8)))
+    torch.manual_seed(3)
+    start = FactoredOrderModel(FactoredConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, d_pair=8))
+    save_drafter(start, DrafterMeta(feature_version_of(start), 32, (4,), "other", "none"), tmp_path / "start")
+    out = tmp_path / "ft"
+    base = ["--out", str(out), "--target", str(tiny_target_dir), "--prompts-file", str(prompts), "--n-prompts", "8",
+            "--max-gen-toks", "12", "--batch", "8"]
+    train_main(["collect", *base])
+    # lr 0: AdamW moves nothing (its decay is lr-scaled), so the result must be the start's weights exactly.
+    train_main(["train", *base, "--init", str(tmp_path / "start"), "--steps", "1", "--lr", "0", "--d-model", "128"])
+    got, meta = load_drafter(out / "drafter", block_len=8)
+    assert got.cfg == start.cfg
+    for k, v in start.state_dict().items():
+        assert torch.equal(v, got.state_dict()[k]), k
+    assert meta.extra["train"]["init"] == str((tmp_path / "start").resolve())
+    # With a learning rate, the weights move from there (the same trajectories, another run folder).
+    moving = [*base[2:], "--out", str(tmp_path / "ft2"), "--data", str(out), "--lr", "0.01"]
+    train_main(["train", *moving, "--init", str(tmp_path / "start"), "--steps", "3"])
+    moved, _ = load_drafter(tmp_path / "ft2" / "drafter", block_len=8)
+    assert any(not torch.equal(v, moved.state_dict()[k]) for k, v in start.state_dict().items())
+    other = FactoredOrderModel(FactoredConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, d_pair=8))
+    save_drafter(other, DrafterMeta(feature_version_of(other), 32, (4,), "other", "none"), tmp_path / "other")
+    with pytest.raises(ValueError, match="init"):
+        train_main(["train", *moving, "--init", str(tmp_path / "other"), "--steps", "4"])
+
+
 @pytest.fixture(scope="module", params=["factored", "encoder"])
 def random_drafter_dir(tmp_path_factory, request):
     d = tmp_path_factory.mktemp("drafter")
