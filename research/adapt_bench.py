@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -23,12 +24,12 @@ from typing import Any
 log = logging.getLogger("research.adapt_bench")
 
 
-def _requests(task: str, n: int, temperature: float) -> list[Any]:
+def _requests(task: str, n: int, temperature: float, num_fewshot: int | None = None) -> list[Any]:
     from lm_eval.api.instance import Instance
 
     from lm_eval_spot.training.prompts import TaskSource
 
-    src = TaskSource(task, n)
+    src = TaskSource(task, n, num_fewshot=num_fewshot)
     out = []
     for inst in src.instances:
         kw = dict(inst.args[1])
@@ -75,8 +76,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-gen-toks", type=int, default=None, help="gen_length cap (e8c: 80, its canvas)")
     ap.add_argument("--configs", default="adapt,off,own,conf-tree")
     ap.add_argument("--model-args", default="", help="extra spot-dlm model args k=v,... for every configuration")
+    ap.add_argument("--num-fewshot", type=int, default=None, help="as lm_eval's (default: the task's)")
+    ap.add_argument("--data-dir", type=Path, default=None,
+                    help="run a stock task offline from staged datasets (e.g. ../shared/data: gsm8k)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    args.out = args.out.resolve()
+    if args.data_dir is not None:  # stock tasks name their dataset by a path relative to the working directory
+        os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+        args.target = str(Path(args.target).resolve()) if Path(args.target).exists() else args.target
+        args.own = str(Path(args.own).resolve()) if args.own else None
+        os.chdir(args.data_dir)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("lm_eval", "lm_eval.spot"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -93,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"target": args.target, "n": args.n, "last": args.last, "rows": []}
     for T in (float(t) for t in args.temps.split(",")):
-        requests = _requests(args.task, args.n, T)
+        requests = _requests(args.task, args.n, T, args.num_fewshot)
         for name in picked:
             row = run_config(name, configs[name], requests, args.last)
             row["temperature"] = T

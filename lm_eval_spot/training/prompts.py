@@ -26,7 +26,7 @@ class TaskSource:
     """The first `limit` requests of one generation task, and its scorer."""
 
     def __init__(self, name: str, limit: int | None, chat_template: Callable[..., str] | None = None,
-                 eos: str | None = None, include_path: str | None = None) -> None:
+                 eos: str | None = None, include_path: str | None = None, num_fewshot: int | None = None) -> None:
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
         from lm_eval.tasks import TaskManager, get_task_dict
 
@@ -35,6 +35,8 @@ class TaskSource:
         if len(tasks) != 1:
             raise ValueError(f"--tasks {name!r} names a group of {len(tasks)} tasks; give one generation task")
         self.name, self.task = next(iter(tasks.items()))
+        if num_fewshot is not None:  # as `lm_eval --num_fewshot` sets it
+            self.task.set_config(key="num_fewshot", value=num_fewshot)
         if self.task.OUTPUT_TYPE != "generate_until":
             raise ValueError(f"task {name!r} has output_type {self.task.OUTPUT_TYPE}: only generate_until tasks decode")
         self.task.build_all_requests(limit=limit, apply_chat_template=chat_template is not None,
