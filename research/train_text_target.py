@@ -79,13 +79,19 @@ class TextData:
             k = rng.randint(self.text.min_shots, self.text.max_shots)
             ex = rng.sample(self.train_set, k + 1)
             ids, p = tc.encode_packed(self.tok, ex[-1], ex[:-1], self.loss_from)
-            too_long = (p + math.ceil(self.cfg.max_new / self.cfg.block_len) * self.cfg.block_len > self.limit
-                        or len(ids) - p > self.cfg.max_new) if self.loss_from == "answer" else len(ids) > self.limit
-            if not too_long:
+            if self.fits(ids, p):
                 return ids, p
             self.dropped += 1
         raise ValueError(f"10,000 sequences in a row do not fit {self.limit} positions with answers of at most "
                          f"{self.cfg.max_new} tokens: raise --max-positions / --max-new or lower --max-shots")
+
+    def fits(self, ids: list[int], p: int) -> bool:
+        """Whether a sequence (prompt of p tokens) fits the model's positions and, bidirectional, the canvas of
+        --max-new generated positions (answer and eos included)."""
+        if self.loss_from != "answer":
+            return len(ids) <= self.limit
+        canvas = math.ceil(self.cfg.max_new / self.cfg.block_len) * self.cfg.block_len
+        return p + canvas <= self.limit and len(ids) - p <= self.cfg.max_new
 
     def sequences(self, n: int) -> list[tuple[list[int], int]]:
         return [self._draw(self.rng) for _ in range(n)]
@@ -103,7 +109,7 @@ class TextData:
         was = model.training
         model.eval()
         g = torch.Generator().manual_seed(1234)
-        seqs = [s for s in self.held_seqs[:n] if len(s[0]) <= self.limit]
+        seqs = [s for s in self.held_seqs[:n] if self.fits(*s)]  # as training draws them (a long answer: skipped)
         total, count = 0.0, 0
         L, mask_id, eos = self.cfg.block_len, self.tok.mask_token_id, self.tok.eos_token_id
         for i in range(0, len(seqs), 8):

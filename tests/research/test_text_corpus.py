@@ -104,6 +104,23 @@ def test_a_text_target_trains_resumes_and_runs_in_the_plugin_with_its_own_defaul
     assert texts["spot"] == texts["control"]
 
 
+def test_a_bidirectional_recipe_skips_held_out_answers_longer_than_its_canvas(tmp_path):
+    """Training draws only answers that fit --max-new; the held-out checks skip the others alike (a GSM8K answer
+    of 167 tokens stopped a run with --max-new 160 at its first check)."""
+    from research.train_text_target import main
+
+    corpus = tmp_path / "qa.jsonl"
+    long = " then".join(f" add {k}" for k in range(30))
+    corpus.write_text("".join(json.dumps({"q": f"Question: sum {a}?\nAnswer:", "a": (long if a % 2 else f" {a}.")})
+                              + "\n" for a in range(40)))
+    out = tmp_path / "bi"
+    assert main(["--out", str(out), "--corpus", f"{corpus}:q:a", "--steps", "2", "--warmup", "1", "--hidden", "32",
+                 "--layers", "1", "--heads", "2", "--kv-heads", "2", "--batch", "4", "--val-every", "1",
+                 "--holdout", "12", "--samples", "1", "--max-new", "16", "--block-len", "4", "--tokenizer", "bpe:300",
+                 "--threads", "1", "--attention", "bidirectional", "--max-positions", "128"]) == 0
+    assert json.loads((out / "eval.json").read_text())["heldout_loss_per_token"] > 0
+
+
 @needs_data
 @pytest.mark.slow
 def test_cli_pairs_runs_the_stock_gsm8k_task_offline_on_a_text_target(tmp_path):
