@@ -175,14 +175,14 @@ def train(out: Path, cfg: TrainConfig, data: list[Path] | None = None) -> Drafte
         config["block_lens"] = [int(g.committed.shape[1]) for g in groups]
     torch.manual_seed(cfg.seed)
     model = build_model(asdict(cfg.model))
-    if cfg.init is not None:
+    ckpt = out / "train_ckpt.pt"
+    if cfg.init is not None and not ckpt.exists():  # a resumed run's weights come from its checkpoint
         start, _ = read_drafter(Path(cfg.init))
         if asdict(start.cfg) != asdict(cfg.model):
             raise ValueError(f"--init {cfg.init}: its architecture {asdict(start.cfg)} is not the run's "
                              f"{asdict(cfg.model)}")
         model.load_state_dict(start.state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    ckpt = out / "train_ckpt.pt"
     gen = torch.Generator().manual_seed(cfg.seed)
     step = _resume(ckpt, model, opt, gen, config) if ckpt.exists() else 0
 
